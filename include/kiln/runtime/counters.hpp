@@ -1,0 +1,49 @@
+// kiln — header-only C++20 tensor compiler.
+// SPDX-License-Identifier: Apache-2.0
+//
+// Per-process counters (public API). Takes in increments from the JIT cache and
+// the launch path; gives out a snapshot that tests and users assert on:
+// compiles (a compiler actually ran), memory_hits (a loaded module was reused),
+// disk_hits (a verified disk entry was loaded), kernels_launched.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+namespace kiln {
+
+struct Counters {
+  uint64_t compiles = 0, memory_hits = 0, disk_hits = 0, kernels_launched = 0;
+};
+
+namespace detail {
+
+struct AtomicCounters {
+  std::atomic<uint64_t> compiles{0}, memory_hits{0}, disk_hits{0}, kernels_launched{0};
+};
+
+// NOTE: a function-local static in an inline function is one object per
+// process however many translation units include this header.
+inline AtomicCounters& counters_state() {
+  static AtomicCounters state;
+  return state;
+}
+
+}  // namespace detail
+
+// Relaxed loads: the fields are independent tallies, not a consistent cut.
+inline Counters counters() {
+  auto& s = detail::counters_state();
+  return Counters{s.compiles.load(std::memory_order_relaxed), s.memory_hits.load(std::memory_order_relaxed),
+                  s.disk_hits.load(std::memory_order_relaxed), s.kernels_launched.load(std::memory_order_relaxed)};
+}
+
+inline void reset_counters() {
+  auto& s = detail::counters_state();
+  s.compiles.store(0, std::memory_order_relaxed);
+  s.memory_hits.store(0, std::memory_order_relaxed);
+  s.disk_hits.store(0, std::memory_order_relaxed);
+  s.kernels_launched.store(0, std::memory_order_relaxed);
+}
+
+}  // namespace kiln
