@@ -1,0 +1,262 @@
+// kiln — header-only C++20 tensor compiler.
+// SPDX-License-Identifier: Apache-2.0
+//
+// The C++ dialect (CPU backend). Takes a Graph, a Plan and the variant (how
+// each slot strides along the innermost dim); gives one translation unit with an
+// `extern "C"` function per kernel, loops that the host compiler vectorises
+// (`omp simd`) and OpenMP across rows or chunks. Every kernel has the signature
+//   void kiln_k<i>(void* const* P, const int64_t* M, const uint64_t* A)
+// P: slot pointers; A: params; M: [nd, nouter, sizes[nd], strides[nslots][nd]]
+// (matmul: [nd, K, sizes[nd], strides of A, B, C]).
+#pragma once
+#include <string>
+
+#include "kiln/codegen/device_files.hpp"
+#include "kiln/codegen/kernel.hpp"
+
+namespace kiln::codegen {
+
+inline std::string cpp_prelude() {
+  return "#include <cstdint>\n#include <cstring>\n#include <cmath>\n#include <climits>\n#include <omp.h>\n"
+         "#define KILN_FN inline\n" +
+         detail::read_device_file("cpu_math.hpp") + detail::read_device_file("philox.h") +
+         "static inline int32_t kiln_abs(int32_t x) { return x < 0 ? -x : x; }\n"
+         "static inline int64_t kiln_abs(int64_t x) { return x < 0 ? -x : x; }\n"
+         "static inline int32_t kiln_sign(int32_t x) { return (x > 0) - (x < 0); }\n"
+         "static inline int64_t kiln_sign(int64_t x) { return (x > 0) - (x < 0); }\n"
+         "template <class T> static inline T kiln_max(T a, T b) { return a > b ? a : b; }\n"
+         "template <class T> static inline T kiln_min(T a, T b) { return a < b ? a : b; }\n"
+         "static inline bool kiln_max(bool a, bool b) { return a || b; }\n"
+         "static inline bool kiln_min(bool a, bool b) { return a && b; }\n"
+         "#define KILN_CHUNK 8192\n";
+}
+
+class CppKernelWriter {
+ public:
+  CppKernelWriter(const ir::Graph& g, const sched::Kernel& k, int index, const std::vector<Stride>& strides)
+      : g_(g), k_(k), l_(layout(g, k)), strides_(strides), name_("kiln_k" + std::to_string(index)) {}
+
+  std::string write() {
+    if (k_.kind == sched::KernelKind::matmul) return matmul();
+    std::string s = "extern \"C\" void " + name_ + "(void* const* P, const int64_t* M, const uint64_t* A) {\n";
+    s += "  const int nd = (int)M[0], no = (int)M[1];\n  const int64_t* sz = M + 2;\n  const int64_t* st = M + 2 + nd;\n";
+    s += "  (void)A; (void)no;\n";
+    for (size_t i = 0; i < l_.slots.size(); ++i) s += slot_decl(int(i));
+    s += k_.kind == sched::KernelKind::rows ? rows() : pointwise();
+    return s + "}\n";
+  }
+
+ private:
+  std::string slot_ptr_type(int i) const {
+    const Slot& sl = l_.slots[size_t(i)];
+    std::string t = storage_type(g_.nodes[size_t(sl.node)].dtype);
+    return sl.role == SlotRole::store ? t + "* __restrict" : "const " + t + "* __restrict";
+  }
+  std::string slot_decl(int i) const {
+    const Slot& sl = l_.slots[size_t(i)];
+    std::string s, si = std::to_string(i);
+    if (sl.role != SlotRole::rand) s += "  " + slot_ptr_type(i) + " b" + si + " = (" + slot_ptr_type(i) + ")P[" + si + "];\n";
+    Stride c = strides_[size_t(i)];
+    if (c == Stride::any) s += "  const int64_t s" + si + " = nd ? st[" + si + " * nd + nd - 1] : 0;\n";
+    else s += "  constexpr int64_t s" + si + " = " + std::to_string(int(c)) + ";\n";
+    return s;
+  }
+  // Offsets of every slot for the flat index `var` over dims [d0, d1).
+  std::string offsets(const std::string& var, const std::string& d0, const std::string& d1, const std::string& prefix,
+                      const std::string& indent) const {
+    std::string s;
+    for (size_t i = 0; i < l_.slots.size(); ++i) s += indent + "int64_t " + prefix + std::to_string(i) + " = 0;\n";
+    s += indent + "{ int64_t rr = " + var + "; for (int d = " + d1 + " - 1; d >= " + d0 + "; --d) { const int64_t ix = rr % sz[d]; rr /= sz[d];";
+    for (size_t i = 0; i < l_.slots.size(); ++i) {
+      std::string si = std::to_string(i);
+      s += " " + prefix + si + " += ix * st[" + si + " * nd + d];";
+    }
+    return s + " } }\n";
+  }
+  std::string load(int slot) const {
+    std::string si = std::to_string(slot);
+    DType d = g_.nodes[size_t(l_.slots[size_t(slot)].node)].dtype;
+    std::string e = "q" + si + "[j * s" + si + "]";
+    if (d == DType::bf16) return "kiln_bf16_to_f32(" + e + ")";
+    if (d == DType::f16) return "kiln_f16_to_f32(" + e + ")";
+    return e;
+  }
+  std::string index(int slot) const {
+    std::string si = std::to_string(slot);
+    return "(q" + si + " + j * s" + si + ")";
+  }
+  std::string store(const sched::Store& st, int slot, const std::string& v) const {
+    std::string si = std::to_string(slot);
+    DType d = g_.nodes[size_t(st.buffer)].dtype;
+    std::string e = v;
+    if (d == DType::bf16) e = "kiln_f32_to_bf16(" + v + ")";
+    else if (d == DType::f16) e = "kiln_f32_to_f16(" + v + ")";
+    else e = "(" + storage_type(d) + ")(" + v + ")";
+    return "q" + si + "[j * s" + si + "] = " + e + ";\n";
+  }
+  // Per-slot base pointers for a chunk: q<i> = b<i> + o<i> (+ i<i>); rand slots carry a counter.
+  std::string bases(const std::string& indent, bool inner) const {
+    std::string s;
+    for (size_t i = 0; i < l_.slots.size(); ++i) {
+      std::string si = std::to_string(i), off = "o" + si + (inner ? " + i" + si : "");
+      if (l_.slots[i].role == SlotRole::rand) s += indent + "const int64_t q" + si + " = " + off + ";\n";
+      else s += indent + slot_ptr_type(int(i)) + " q" + si + " = b" + si + " + " + off + ";\n";
+    }
+    return s;
+  }
+  int slot_of_store(size_t s) const {
+    for (size_t i = 0; i < l_.slots.size(); ++i)
+      if (l_.slots[i].role == SlotRole::store && l_.slots[i].store == int(s)) return int(i);
+    return -1;
+  }
+  template <class Pred>
+  std::string stores_where(ValueEmitter& ve, const std::string& indent, Pred&& pred) {
+    std::string body, tail;
+    auto ld = [&](int s) { return load(s); };
+    auto ix = [&](int s) { return index(s); };
+    for (size_t s = 0; s < k_.stores.size(); ++s) {
+      if (!pred(s)) continue;
+      std::string v = ve.value(k_.stores[s].value, body, indent, ld, ix);
+      tail += indent + store(k_.stores[s], slot_of_store(s), v);
+    }
+    return body + tail;
+  }
+
+  std::string pointwise() {
+    ValueEmitter ve(g_, k_, l_);
+    std::string s;
+    s += "  const int64_t inner = nd ? sz[nd - 1] : 1;\n  int64_t rows = 1;\n  for (int d = 0; d + 1 < nd; ++d) rows *= sz[d];\n";
+    s += "  if (inner == 0 || rows == 0) return;\n";
+    s += "  const int64_t cpr = (inner + KILN_CHUNK - 1) / KILN_CHUNK;\n";
+    s += "#pragma omp parallel for schedule(static) if (rows * inner > 32768)\n";
+    s += "  for (int64_t c = 0; c < rows * cpr; ++c) {\n";
+    s += "    const int64_t r = c / cpr, j0 = (c % cpr) * KILN_CHUNK, j1 = j0 + KILN_CHUNK < inner ? j0 + KILN_CHUNK : inner;\n";
+    s += offsets("r", "0", "nd - 1", "o", "    ");
+    s += bases("    ", false);
+    s += "#pragma omp simd\n    for (int64_t j = j0; j < j1; ++j) {\n";
+    s += stores_where(ve, "      ", [](size_t) { return true; });
+    return s + "    }\n  }\n";
+  }
+
+  std::string rows() {
+    ValueEmitter ve(g_, k_, l_);
+    std::string s;
+    int passes = 0;
+    for (int lvl : k_.reduce_level) passes = std::max(passes, lvl + 1);
+    s += "  int64_t outer = 1, irows = 1;\n  for (int d = 0; d < no; ++d) outer *= sz[d];\n";
+    s += "  for (int d = no; d + 1 < nd; ++d) irows *= sz[d];\n";
+    s += "  const int64_t inner = nd > no ? sz[nd - 1] : 1;\n  if (outer == 0) return;\n";
+    s += "  const int64_t cpr = inner ? (inner + KILN_CHUNK - 1) / KILN_CHUNK : 0, nchunk = irows * cpr;\n";
+    s += "  const bool par_rows = outer >= omp_get_max_threads() || outer * nchunk < 2 * omp_get_max_threads() || irows * inner < 16384;\n";
+    s += "  (void)par_rows;\n";
+    s += "#pragma omp parallel for schedule(static) if (par_rows && outer > 1)\n";
+    s += "  for (int64_t r = 0; r < outer; ++r) {\n";
+    s += offsets("r", "0", "no", "o", "    ");
+    auto ld = [&](int sl) { return load(sl); };
+    auto ix = [&](int sl) { return index(sl); };
+    for (int p = 0; p < passes; ++p) {
+      std::vector<size_t> mine;
+      for (size_t i = 0; i < k_.reduces.size(); ++i)
+        if (k_.reduce_level[i] == p) mine.push_back(i);
+      std::string clauses, body, upd;
+      for (size_t i : mine) {
+        int id = k_.reduces[i];
+        const ir::Node& n = g_.nodes[size_t(id)];
+        std::string acc = "a" + std::to_string(id);
+        s += "    " + compute_type(n.dtype) + " " + acc + " = " + reduce_identity(n.op, n.dtype) + ";\n";
+        clauses += std::string(" reduction(") + (n.op == Prim::sum ? "+" : n.op == Prim::amax ? "max" : "min") + ":" + acc + ")";
+      }
+      auto saved = ve.save();
+      for (size_t i : mine) {
+        int id = k_.reduces[i];
+        const ir::Node& n = g_.nodes[size_t(id)];
+        std::string v = ve.value(g_.arg(n, 0), body, "          ", ld, ix), acc = "a" + std::to_string(id);
+        if (n.op == Prim::sum) upd += "          " + acc + " += " + v + ";\n";
+        else upd += "          " + acc + " = " + v + (n.op == Prim::amax ? " > " : " < ") + acc + " ? " + v + " : " + acc + ";\n";
+      }
+      ve.restore(saved);
+      s += "#pragma omp parallel for schedule(static) if (!par_rows)" + clauses + "\n";
+      s += "    for (int64_t c = 0; c < nchunk; ++c) {\n";
+      s += "      const int64_t ir = c / cpr, j0 = (c % cpr) * KILN_CHUNK, j1 = j0 + KILN_CHUNK < inner ? j0 + KILN_CHUNK : inner;\n";
+      s += offsets("ir", "no", "nd - 1", "i", "      ");
+      s += bases("      ", true);
+      s += "#pragma omp simd" + clauses + "\n      for (int64_t j = j0; j < j1; ++j) {\n" + body + upd + "      }\n    }\n";
+      for (size_t i : mine) {
+        int id = k_.reduces[i];
+        s += "    const " + compute_type(g_.nodes[size_t(id)].dtype) + " r" + std::to_string(id) + " = a" + std::to_string(id) + ";\n";
+        ve.bind(id, "r" + std::to_string(id));
+      }
+    }
+    bool any_full = false;
+    for (size_t i = 0; i < k_.stores.size(); ++i) any_full |= !k_.row_level_[i];
+    if (any_full) {
+      auto saved = ve.save();
+      s += "#pragma omp parallel for schedule(static) if (!par_rows)\n";
+      s += "    for (int64_t c = 0; c < nchunk; ++c) {\n";
+      s += "      const int64_t ir = c / cpr, j0 = (c % cpr) * KILN_CHUNK, j1 = j0 + KILN_CHUNK < inner ? j0 + KILN_CHUNK : inner;\n";
+      s += offsets("ir", "no", "nd - 1", "i", "      ");
+      s += bases("      ", true);
+      s += "#pragma omp simd\n      for (int64_t j = j0; j < j1; ++j) {\n";
+      s += stores_where(ve, "        ", [&](size_t i) { return !k_.row_level_[i]; });
+      s += "      }\n    }\n";
+      ve.restore(saved);
+    }
+    // Row-level stores: once per row, at inner index 0 (their inputs do not vary along it).
+    s += "    {\n" + bases("      ", false) + "      const int64_t j = 0;\n";
+    s += stores_where(ve, "      ", [&](size_t i) { return bool(k_.row_level_[i]); });
+    s += "      (void)j;\n    }\n  }\n";
+    return s;
+  }
+
+  std::string matmul() {
+    const ir::Node& c = g_.nodes[size_t(k_.stores[0].value)];
+    DType d = c.dtype;
+    std::string acc = d == DType::f64 ? "double" : info(d).is_float ? "float" : "int64_t";
+    auto ld = [&](const char* p, const char* off) {
+      std::string e = std::string(p) + "[" + off + "]";
+      if (d == DType::bf16) return "(" + acc + ")kiln_bf16_to_f32(" + e + ")";
+      if (d == DType::f16) return "(" + acc + ")kiln_f16_to_f32(" + e + ")";
+      return "(" + acc + ")" + e;
+    };
+    std::string st = storage_type(d), cv = d == DType::bf16 ? "kiln_f32_to_bf16" : d == DType::f16 ? "kiln_f32_to_f16" : "(" + st + ")";
+    std::string bn = strides_.size() > 1 && strides_[1] == Stride::unit ? "1" : "sb[nd - 1]";
+    std::string s = "extern \"C\" void " + name_ + "(void* const* P, const int64_t* M, const uint64_t*) {\n";
+    s += "  const int nd = (int)M[0];\n  const int64_t K = M[1];\n  const int64_t* sz = M + 2;\n";
+    s += "  const int64_t* sa = sz + nd; const int64_t* sb = sa + nd; const int64_t* sc = sb + nd;\n";
+    s += "  const " + st + "* A0 = (const " + st + "*)P[0]; const " + st + "* B0 = (const " + st + "*)P[1]; " + st + "* C0 = (" + st + "*)P[2];\n";
+    s += "  int64_t batch = 1; for (int d = 0; d + 2 < nd; ++d) batch *= sz[d];\n";
+    s += "  const int64_t Mr = sz[nd - 2], N = sz[nd - 1];\n  if (batch * Mr * N == 0) return;\n";
+    s += "  const int64_t nt = (N + 255) / 256, mt = (Mr + 3) / 4;\n";
+    s += "#pragma omp parallel for schedule(dynamic)\n";
+    s += "  for (int64_t t = 0; t < batch * mt * nt; ++t) {\n";
+    s += "    const int64_t b = t / (mt * nt), i0 = (t / nt % mt) * 4, n0 = (t % nt) * 256;\n";
+    s += "    const int64_t nn = N - n0 < 256 ? N - n0 : 256, mm = Mr - i0 < 4 ? Mr - i0 : 4;\n";
+    s += "    int64_t oa = 0, ob = 0, oc = 0;\n";
+    s += "    { int64_t rr = b; for (int d = nd - 3; d >= 0; --d) { const int64_t ix = rr % sz[d]; rr /= sz[d]; oa += ix * sa[d]; ob += ix * sb[d]; oc += ix * sc[d]; } }\n";
+    s += "    " + acc + " acc[4][256];\n    for (int r = 0; r < 4; ++r) for (int j = 0; j < 256; ++j) acc[r][j] = 0;\n";
+    s += "    for (int64_t k = 0; k < K; ++k) {\n";
+    s += "      const " + st + "* brow = B0 + ob + k * sb[nd - 2] + n0 * " + bn + ";\n";
+    s += "      for (int64_t r = 0; r < mm; ++r) {\n";
+    s += "        const " + acc + " a = " + ld("A0", "oa + (i0 + r) * sa[nd - 2] + k * sa[nd - 1]") + ";\n";
+    s += "#pragma omp simd\n        for (int64_t j = 0; j < nn; ++j) acc[r][j] += a * " + ld("brow", ("j * " + bn).c_str()) + ";\n";
+    s += "      }\n    }\n";
+    s += "    for (int64_t r = 0; r < mm; ++r) for (int64_t j = 0; j < nn; ++j)\n";
+    s += "      C0[oc + (i0 + r) * sc[nd - 2] + (n0 + j) * sc[nd - 1]] = " + cv + "(acc[r][j]);\n";
+    return s + "  }\n}\n";
+  }
+
+  const ir::Graph& g_;
+  const sched::Kernel& k_;
+  Layout l_;
+  const std::vector<Stride>& strides_;
+  std::string name_;
+};
+
+// One translation unit for every kernel of a plan. `strides[k][slot]`.
+inline std::string cpp_source(const ir::Graph& g, const sched::Plan& plan, const std::vector<std::vector<Stride>>& strides) {
+  std::string src = cpp_prelude();
+  for (size_t k = 0; k < plan.kernels.size(); ++k) src += "\n" + CppKernelWriter(g, plan.kernels[k], int(k), strides[k]).write();
+  return src;
+}
+
+}  // namespace kiln::codegen

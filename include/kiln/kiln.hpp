@@ -1,0 +1,15 @@
+// kiln — header-only C++20 tensor compiler.
+// SPDX-License-Identifier: Apache-2.0
+//
+// The public API. The pipeline, in order:
+//   expr/      capture: expressions are types, sizes are values
+//   prims/     the primitive table; composites decomposed over it
+//   ir/        flatten the expression to a DAG with a structural signature
+//   sched/     group nodes into kernels (fusion)
+//   codegen/   kernel source: C++ (CPU), CUDA and HIP
+//   jit/       host compiler / NVRTC / hipRTC, content-addressed cache
+//   runtime/   bind buffers, launch, eager and compiled modes
+#pragma once
+#include "kiln/expr/expr.hpp"
+#include "kiln/prims/decomp.hpp"
+#include "kiln/runtime/eval.hpp"

@@ -1,0 +1,224 @@
+// kiln — header-only C++20 tensor compiler.
+// SPDX-License-Identifier: Apache-2.0
+//
+// Run-time binding, shared by every backend. Takes a Graph (this call's sizes,
+// strides, pointers, scalar values) and its Plan; allocates the buffers the plan
+// materializes and gives, per kernel, the slot pointers, the domain (dims
+// permuted for reductions, then coalesced), the strides of every slot over it,
+// the params, and the variant (how each slot strides along the innermost dim).
+#pragma once
+#include <cstring>
+#include <vector>
+
+#include "kiln/codegen/kernel.hpp"
+
+namespace kiln::runtime {
+
+struct View {
+  char* ptr = nullptr;  // element 0
+  int rank = 0;
+  ir::Dims shape{}, strides{};
+};
+
+struct KernelArgs {
+  std::vector<void*> ptrs;
+  std::vector<int64_t> meta;
+  std::vector<uint64_t> words;
+  std::vector<codegen::Stride> strides;
+  int64_t work = 0;  // elements in the domain (0: nothing to launch)
+};
+
+// Buffers and views of one call.
+struct Bound {
+  std::vector<std::shared_ptr<Storage>> storage;  // per node (materialized ones)
+  std::vector<View> views;                        // per node with memory
+};
+
+inline View apply_view(const View& in, const ir::Node& n, DType dt) {
+  View v = in;
+  v.rank = n.rank, v.shape = n.shape;
+  const ViewAttrs& a = *n.view;
+  size_t es = info(dt).bytes;
+  switch (a.kind) {
+    case ViewKind::permute:
+      for (int i = 0; i < n.rank; ++i) v.strides[i] = in.strides[size_t(a.perm[i])];
+      break;
+    case ViewKind::slice:
+      v.ptr += a.start * in.strides[size_t(a.dim)] * int64_t(es);
+      v.strides[size_t(a.dim)] *= a.step;
+      break;
+    case ViewKind::reshape: {  // the input is a fresh contiguous buffer
+      int64_t acc = 1;
+      for (int i = n.rank - 1; i >= 0; --i) v.strides[size_t(i)] = acc, acc *= n.shape[size_t(i)];
+      break;
+    }
+  }
+  return v;
+}
+
+inline Bound bind_buffers(const ir::Graph& g, const sched::Plan& p) {
+  Bound b;
+  b.storage.resize(g.nodes.size());
+  b.views.resize(g.nodes.size());
+  for (size_t id = 0; id < g.nodes.size(); ++id) {
+    const ir::Node& n = g.nodes[id];
+    View& v = b.views[id];
+    v.rank = n.rank, v.shape = n.shape;
+    size_t es = info(n.dtype).bytes;
+    if (n.op == Prim::input) {
+      v.ptr = static_cast<char*>(n.storage->data()) + n.elem_offset * int64_t(es);
+      v.strides = n.strides;
+    } else if (p.materialize[id]) {
+      b.storage[id] = std::make_shared<Storage>(size_t(n.numel()) * es, g.device);
+      v.ptr = static_cast<char*>(b.storage[id]->data());
+      int64_t acc = 1;
+      for (int i = n.rank - 1; i >= 0; --i) v.strides[size_t(i)] = acc, acc *= n.shape[size_t(i)];
+    } else if (n.op == Prim::view) {
+      int c = g.arg(n, 0);
+      v = apply_view(b.views[size_t(c)], n, n.dtype);
+      if (!b.storage[size_t(c)] && g.nodes[size_t(c)].op != Prim::input) b.storage[id] = nullptr;
+      b.storage[id] = b.storage[size_t(c)];
+    }
+  }
+  return b;
+}
+
+// The region a store writes: the whole buffer, a concat operand's slice, or a pad's interior.
+inline View store_view(const ir::Graph& g, const sched::Store& s, const Bound& b) {
+  View v = b.views[size_t(s.buffer)];
+  const ir::Node& buf = g.nodes[size_t(s.buffer)];
+  size_t es = info(buf.dtype).bytes;
+  if (s.into == sched::StoreInto::concat_part) {
+    int64_t start = 0;
+    for (int a = 0; a < s.part; ++a) start += g.child(buf, a).shape[size_t(buf.dim)];
+    v.ptr += start * v.strides[size_t(buf.dim)] * int64_t(es);
+    v.shape = g.child(buf, s.part).shape;
+  } else if (s.into == sched::StoreInto::pad_interior) {
+    for (int i = 0; i < buf.rank; ++i) v.ptr += buf.pad->before[size_t(i)] * v.strides[size_t(i)] * int64_t(es);
+    v.shape = g.child(buf, 0).shape;
+  }
+  return v;
+}
+
+namespace detail {
+// Strides of view v over a domain of rank r (right-aligned; broadcast dims are 0).
+inline ir::Dims aligned_strides(const View& v, const ir::Dims& dom, int r) {
+  ir::Dims s{};
+  for (int i = 0; i < r; ++i) {
+    int j = i - (r - v.rank);
+    s[size_t(i)] = j >= 0 && v.shape[size_t(j)] != 1 ? v.strides[size_t(j)] : 0;
+    if (j >= 0 && v.shape[size_t(j)] != dom[size_t(i)] && v.shape[size_t(j)] != 1)
+      throw Error("kiln: internal error: a slot's shape does not broadcast to its kernel's domain");
+  }
+  return s;
+}
+inline ir::Dims contiguous(const ir::Node& n) {
+  ir::Dims s{};
+  int64_t acc = 1;
+  for (int i = n.rank - 1; i >= 0; --i) s[size_t(i)] = acc, acc *= n.shape[size_t(i)];
+  return s;
+}
+}  // namespace detail
+
+inline KernelArgs bind_kernel(const ir::Graph& g, const sched::Kernel& k, const codegen::Layout& l, const Bound& b) {
+  KernelArgs a;
+  size_t ns = l.slots.size();
+  std::vector<View> sv(ns);
+  for (size_t i = 0; i < ns; ++i) {
+    const codegen::Slot& s = l.slots[i];
+    if (s.role == codegen::SlotRole::store) sv[i] = store_view(g, k.stores[size_t(s.store)], b);
+    else if (s.role == codegen::SlotRole::load) sv[i] = b.views[size_t(s.node)];
+    else {
+      const ir::Node& n = g.nodes[size_t(s.node)];
+      sv[i].rank = n.rank, sv[i].shape = n.shape, sv[i].strides = detail::contiguous(n);
+      if (n.op == Prim::iota) sv[i].strides = {}, sv[i].strides[size_t(n.dim)] = 1;
+    }
+    a.ptrs.push_back(sv[i].ptr);
+  }
+  for (int p : k.params) {
+    const ir::Node& n = g.nodes[size_t(p)];
+    if (n.op == Prim::rand) {
+      a.words.push_back(n.seed), a.words.push_back(n.offset);
+    } else if (n.op != Prim::iota) {
+      uint64_t w;
+      std::memcpy(&w, &n.value, 8);
+      a.words.push_back(w);
+    }
+  }
+  const ir::Node& dn = g.nodes[size_t(k.domain)];
+
+  if (k.kind == sched::KernelKind::matmul) {
+    const ir::Node& c = g.nodes[size_t(k.stores[0].value)];
+    const ir::Node &A = g.child(c, 0), &B = g.child(c, 1);
+    int nd = c.rank;
+    a.meta = {nd, A.shape[size_t(A.rank - 1)]};
+    for (int i = 0; i < nd; ++i) a.meta.push_back(c.shape[size_t(i)]);
+    for (size_t s = 0; s < 3; ++s) {
+      const View& v = sv[s];
+      for (int i = 0; i < nd - 2; ++i) {  // batch dims, right-aligned, broadcast → 0
+        int j = i - (nd - v.rank);
+        a.meta.push_back(j >= 0 && v.shape[size_t(j)] != 1 ? v.strides[size_t(j)] : 0);
+      }
+      a.meta.push_back(v.strides[size_t(v.rank - 2)]);
+      a.meta.push_back(v.strides[size_t(v.rank - 1)]);
+    }
+    auto cls = [](int64_t s) { return s == 1 ? codegen::Stride::unit : codegen::Stride::any; };
+    a.strides = {cls(sv[0].strides[size_t(sv[0].rank - 1)]), cls(sv[1].strides[size_t(sv[1].rank - 1)]), codegen::Stride::any};
+    a.work = c.numel() * A.shape[size_t(A.rank - 1)];
+    return a;
+  }
+
+  // Domain dims: for rows, outer (kept) dims first, then reduced ones.
+  int r = dn.rank;
+  std::vector<int> order;
+  for (int i = 0; i < r; ++i)
+    if (!((k.axes >> i) & 1u)) order.push_back(i);
+  int nouter = int(order.size());
+  for (int i = 0; i < r; ++i)
+    if ((k.axes >> i) & 1u) order.push_back(i);
+  ir::Dims dom = dn.shape;
+  if (k.kind == sched::KernelKind::pointwise && k.stores[0].into != sched::StoreInto::whole)
+    dom = g.nodes[size_t(k.stores[0].value)].shape;
+  std::vector<ir::Dims> st(ns);
+  for (size_t i = 0; i < ns; ++i) st[i] = detail::aligned_strides(sv[i], dom, r);
+
+  // Drop size-1 dims, merge neighbours that every slot walks contiguously.
+  std::vector<int64_t> sizes;
+  std::vector<std::vector<int64_t>> strides(ns);
+  std::vector<int> group;
+  for (int idx = 0; idx < r; ++idx) {
+    int d = order[size_t(idx)], grp = idx < nouter ? 0 : 1;
+    if (dom[size_t(d)] == 1) continue;
+    bool merge = !sizes.empty() && group.back() == grp;
+    for (size_t i = 0; merge && i < ns; ++i) merge = strides[i].back() == st[i][size_t(d)] * dom[size_t(d)];
+    if (merge) {
+      sizes.back() *= dom[size_t(d)];
+      for (size_t i = 0; i < ns; ++i) strides[i].back() = st[i][size_t(d)];
+    } else {
+      sizes.push_back(dom[size_t(d)]);
+      group.push_back(grp);
+      for (size_t i = 0; i < ns; ++i) strides[i].push_back(st[i][size_t(d)]);
+    }
+  }
+  int nd = int(sizes.size()), no = 0;
+  for (int gi : group) no += gi == 0;
+  a.meta.push_back(nd), a.meta.push_back(no);
+  a.meta.insert(a.meta.end(), sizes.begin(), sizes.end());
+  for (size_t i = 0; i < ns; ++i) a.meta.insert(a.meta.end(), strides[i].begin(), strides[i].end());
+  bool has_inner = k.kind == sched::KernelKind::rows ? nd > no : nd > 0;
+  for (size_t i = 0; i < ns; ++i) {
+    int64_t s = has_inner ? strides[i].back() : 0;
+    a.strides.push_back(s == 0 ? codegen::Stride::zero : s == 1 ? codegen::Stride::unit : codegen::Stride::any);
+  }
+  a.work = 1;
+  for (int i = 0; i < r; ++i) a.work *= dom[size_t(i)];
+  if (k.kind == sched::KernelKind::rows) {
+    int64_t outer = 1;
+    for (int i = 0; i < r; ++i)
+      if (!((k.axes >> i) & 1u)) outer *= dom[size_t(i)];
+    a.work = std::max(a.work, outer);  // an empty reduction still writes its identity
+  }
+  return a;
+}
+
+}  // namespace kiln::runtime

@@ -1,0 +1,190 @@
+// kiln — header-only C++20 tensor compiler.
+// SPDX-License-Identifier: Apache-2.0
+//
+// The front door. Takes expressions; traces them to a Graph, finds or builds
+// the Plan for the graph's signature (memory map; a plan is built once per
+// signature and mode), compiles or fetches the kernels of the variant this call
+// needs (jit cache: memory, disk, compile), binds the buffers and runs the
+// kernels in order. Gives Tensors. kiln::compile(fn) wraps a callable.
+#pragma once
+#include <mutex>
+#include <unordered_map>
+
+#include "kiln/codegen/cpp.hpp"
+#include "kiln/core/log.hpp"
+#include "kiln/jit/host_compiler.hpp"
+#include "kiln/runtime/bind.hpp"
+#include "kiln/runtime/counters.hpp"
+
+namespace kiln {
+
+// eager: one kernel per primitive (the baseline, and an explicit fallback);
+// fused: kiln's fusion (the default).
+enum class Mode : uint8_t { eager, fused };
+
+namespace runtime {
+
+using CpuKernelFn = void (*)(void* const*, const int64_t*, const uint64_t*);
+
+struct CompiledVariant {
+  std::shared_ptr<const jit::HostModule> module;
+  std::vector<CpuKernelFn> fns;
+};
+
+struct CompiledPlan {
+  sched::Plan plan;
+  std::vector<codegen::Layout> layouts;
+  std::mutex mu;
+  std::unordered_map<Hash128, std::shared_ptr<CompiledVariant>, Hash128Hasher> variants;
+};
+
+// A backend runs a bound plan on its device.
+struct Backend {
+  virtual ~Backend() = default;
+  virtual void run(const ir::Graph& g, CompiledPlan& cp, const Bound& b) = 0;
+};
+
+class CpuBackend final : public Backend {
+ public:
+  void run(const ir::Graph& g, CompiledPlan& cp, const Bound& b) override {
+    const auto& kernels = cp.plan.kernels;
+    std::vector<KernelArgs> args;
+    args.reserve(kernels.size());
+    Hasher vh;
+    for (size_t k = 0; k < kernels.size(); ++k) {
+      args.push_back(bind_kernel(g, kernels[k], cp.layouts[k], b));
+      for (auto s : args.back().strides) vh.add(s);
+    }
+    std::shared_ptr<CompiledVariant> v = variant(g, cp, vh.digest(), args);
+    for (size_t k = 0; k < kernels.size(); ++k) {
+      if (args[k].work == 0) continue;
+      v->fns[k](args[k].ptrs.data(), args[k].meta.data(), args[k].words.data());
+      kiln::detail::counters_state().kernels_launched.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+
+  static std::string source(const ir::Graph& g, const sched::Plan& p, const std::vector<KernelArgs>& args) {
+    std::vector<std::vector<codegen::Stride>> strides;
+    for (auto& a : args) strides.push_back(a.strides);
+    return codegen::cpp_source(g, p, strides);
+  }
+
+ private:
+  std::shared_ptr<CompiledVariant> variant(const ir::Graph& g, CompiledPlan& cp, const Hash128& key,
+                                           const std::vector<KernelArgs>& args) {
+    std::lock_guard lock(cp.mu);
+    if (auto it = cp.variants.find(key); it != cp.variants.end()) return it->second;
+    auto v = std::make_shared<CompiledVariant>();
+    v->module = jit::load_host_module(source(g, cp.plan, args));
+    for (size_t k = 0; k < cp.plan.kernels.size(); ++k)
+      v->fns.push_back(reinterpret_cast<CpuKernelFn>(v->module->symbol(("kiln_k" + std::to_string(k)).c_str())));
+    cp.variants.emplace(key, v);
+    return v;
+  }
+};
+
+// Backends by device kind; GPU runtimes register theirs.
+inline std::unique_ptr<Backend>& backend_slot(DeviceKind k) {
+  static std::unique_ptr<Backend> slots[3] = {std::make_unique<CpuBackend>(), nullptr, nullptr};
+  return slots[int(k)];
+}
+inline Backend& backend_for(Device d) {
+  auto& b = backend_slot(d.kind);
+  if (!b) throw Error("kiln: no backend for device " + d.str() + " in this build");
+  return *b;
+}
+
+inline std::shared_ptr<CompiledPlan> plan_for(const ir::Graph& g, Mode mode) {
+  static std::mutex mu;
+  static std::unordered_map<Hash128, std::shared_ptr<CompiledPlan>, Hash128Hasher> plans;
+  Hash128 key = Hasher().add(g.signature).add(mode).digest();
+  std::lock_guard lock(mu);
+  if (auto it = plans.find(key); it != plans.end()) return it->second;
+  auto cp = std::make_shared<CompiledPlan>();
+  cp->plan = sched::schedule(g, mode == Mode::fused);
+  for (auto& k : cp->plan.kernels) cp->layouts.push_back(codegen::layout(g, k));
+  if (log_enabled(LogTopic::sched))
+    log(LogTopic::sched, "plan " + key.hex() + " (" + std::to_string(cp->plan.kernels.size()) + " kernels)\n" +
+                             cp->plan.describe(g));
+  plans.emplace(key, cp);
+  return cp;
+}
+
+template <class DT, int R>
+Tensor<DT, R> output_tensor(const ir::Graph& g, const Bound& b, int id) {
+  const View& v = b.views[size_t(id)];
+  auto st = b.storage[size_t(id)];
+  Shape<R> sizes{}, strides{};
+  for (int i = 0; i < R; ++i) sizes[size_t(i)] = v.shape[size_t(i)], strides[size_t(i)] = v.strides[size_t(i)];
+  int64_t off = (v.ptr - static_cast<char*>(st->data())) / int64_t(sizeof(typename DT::storage));
+  (void)g;
+  return Tensor<DT, R>(std::move(st), off, sizes, strides);
+}
+
+template <Expr E>
+using result_of = Tensor<dtype_of<E>, rank_of<E>>;
+
+}  // namespace runtime
+
+// Evaluates one or several expressions as one plan; one Tensor, or a tuple of them.
+template <Expr... Es>
+auto evaluate(Mode mode, const Es&... es) {
+  ir::Graph g = ir::trace(es...);
+  auto cp = runtime::plan_for(g, mode);
+  runtime::Bound b = runtime::bind_buffers(g, cp->plan);
+  runtime::backend_for(g.device).run(g, *cp, b);
+  size_t i = 0;
+  auto outs = std::tuple<runtime::result_of<Es>...>{runtime::output_tensor<dtype_of<Es>, rank_of<Es>>(g, b, g.outputs[i++])...};
+  if constexpr (sizeof...(Es) == 1) return std::get<0>(outs);
+  else return outs;
+}
+template <Expr... Es>
+auto eval(const Es&... es) { return evaluate(Mode::fused, es...); }
+template <Expr... Es>
+auto eval_eager(const Es&... es) { return evaluate(Mode::eager, es...); }
+
+template <DTypeTag DT, int R>
+template <class E>
+  requires(!std::same_as<std::remove_cvref_t<E>, Tensor<DT, R>> && requires { typename E::is_kiln_expr; })
+Tensor<DT, R>::Tensor(const E& expr) {
+  static_assert(std::is_same_v<typename E::dtype, DT>,
+                "kiln: assigning an expression to a Tensor of another dtype; use kiln::cast<DType>(expr)");
+  static_assert(E::rank == R, "kiln: assigning an expression to a Tensor of another rank; use kiln::reshape");
+  *this = evaluate(Mode::fused, expr);
+}
+
+// The plan an expression lowers to (kernels, what they compute and read).
+template <Expr... Es>
+std::string explain(Mode mode, const Es&... es) {
+  ir::Graph g = ir::trace(es...);
+  return runtime::plan_for(g, mode)->plan.describe(g);
+}
+// Number of kernels an expression lowers to.
+template <Expr... Es>
+size_t kernel_count(Mode mode, const Es&... es) {
+  ir::Graph g = ir::trace(es...);
+  return runtime::plan_for(g, mode)->plan.kernels.size();
+}
+
+// torch.compile for kiln: wraps a callable over tensors that returns one
+// expression (or a tuple of them); each call runs the fused plan, compiled on the
+// first call of each signature and a cache hit after that.
+template <class F>
+class Compiled {
+ public:
+  explicit Compiled(F fn, Mode mode = Mode::fused) : fn_(std::move(fn)), mode_(mode) {}
+  template <class... Args>
+  auto operator()(const Args&... args) const {
+    auto r = fn_(args...);
+    if constexpr (Expr<decltype(r)>) return evaluate(mode_, r);
+    else return std::apply([&](const auto&... e) { return evaluate(mode_, e...); }, r);
+  }
+
+ private:
+  F fn_;
+  Mode mode_;
+};
+template <class F>
+Compiled<F> compile(F fn, Mode mode = Mode::fused) { return Compiled<F>(std::move(fn), mode); }
+
+}  // namespace kiln
