@@ -12,4 +12,6 @@
 #pragma once
 #include "kiln/expr/expr.hpp"
 #include "kiln/prims/decomp.hpp"
+#include "kiln/runtime/cuda_backend.hpp"
 #include "kiln/runtime/eval.hpp"
+#include "kiln/runtime/precompile.hpp"

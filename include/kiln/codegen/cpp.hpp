@@ -18,7 +18,8 @@ namespace kiln::codegen {
 
 inline std::string cpp_prelude() {
   return "#include <cstdint>\n#include <cstring>\n#include <cmath>\n#include <climits>\n#include <omp.h>\n"
-         "#define KILN_FN inline\n" +
+         "#define KILN_FN inline\n"
+         "static inline double kiln_bits_to_f64(uint64_t b) { double d; memcpy(&d, &b, 8); return d; }\n" +
          detail::read_device_file("cpu_math.hpp") + detail::read_device_file("philox.h") +
          "static inline int32_t kiln_abs(int32_t x) { return x < 0 ? -x : x; }\n"
          "static inline int64_t kiln_abs(int64_t x) { return x < 0 ? -x : x; }\n"

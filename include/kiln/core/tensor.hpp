@@ -21,11 +21,20 @@ namespace detail {
 inline Device (*gpu_probe)() = nullptr;
 }  // namespace detail
 
-// The first GPU where one exists, else the CPU. KILN_DEVICE=cpu forces the CPU.
+// The first GPU where one exists, else the CPU. KILN_DEVICE=cpu|cuda|cuda:N|hip|hip:N overrides.
 inline Device default_device() {
   static const Device d = [] {
     const char* env = std::getenv("KILN_DEVICE");
-    if (env && std::string(env) == "cpu") return cpu();
+    std::string s = env ? env : "";
+    if (s == "cpu") return cpu();
+    if (!s.empty()) {
+      size_t colon = s.find(':');
+      int index = colon == std::string::npos ? 0 : std::stoi(s.substr(colon + 1));
+      std::string kind = s.substr(0, colon);
+      if (kind == "cuda") return cuda(index);
+      if (kind == "hip") return hip(index);
+      throw Error("kiln: KILN_DEVICE=" + s + " is not cpu, cuda[:N] or hip[:N]");
+    }
     return detail::gpu_probe ? detail::gpu_probe() : cpu();
   }();
   return d;

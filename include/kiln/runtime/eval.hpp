@@ -38,6 +38,12 @@ struct CompiledPlan {
   std::unordered_map<Hash128, std::shared_ptr<CompiledVariant>, Hash128Hasher> variants;
 };
 
+// Called whenever the CPU backend compiles a new plan variant (runtime/precompile.hpp).
+inline void (*&cpu_compile_hook())(const ir::Graph&, const CompiledPlan&, const std::vector<KernelArgs>&) {
+  static void (*hook)(const ir::Graph&, const CompiledPlan&, const std::vector<KernelArgs>&) = nullptr;
+  return hook;
+}
+
 // A backend runs a bound plan on its device.
 struct Backend {
   virtual ~Backend() = default;
@@ -79,6 +85,7 @@ class CpuBackend final : public Backend {
     for (size_t k = 0; k < cp.plan.kernels.size(); ++k)
       v->fns.push_back(reinterpret_cast<CpuKernelFn>(v->module->symbol(("kiln_k" + std::to_string(k)).c_str())));
     cp.variants.emplace(key, v);
+    if (auto hook = cpu_compile_hook()) hook(g, cp, args);
     return v;
   }
 };
@@ -142,6 +149,15 @@ template <Expr... Es>
 auto eval(const Es&... es) { return evaluate(Mode::fused, es...); }
 template <Expr... Es>
 auto eval_eager(const Es&... es) { return evaluate(Mode::eager, es...); }
+// A tuple of expressions (var_mean, a function with several outputs) is one plan too.
+template <Expr... Es>
+auto evaluate(Mode mode, const std::tuple<Es...>& t) {
+  return std::apply([&](const auto&... e) { return evaluate(mode, e...); }, t);
+}
+template <Expr... Es>
+auto eval(const std::tuple<Es...>& t) { return evaluate(Mode::fused, t); }
+template <Expr... Es>
+auto eval_eager(const std::tuple<Es...>& t) { return evaluate(Mode::eager, t); }
 
 template <DTypeTag DT, int R>
 template <class E>

@@ -15,8 +15,3 @@ static KILN_FN float kiln_philox_uniform(uint64_t seed, uint64_t counter) {
   }
   return (float)(c0 >> 8) * (1.0f / 16777216.0f);
 }
-static KILN_FN double kiln_bits_to_f64(uint64_t bits) {
-  double d;
-  memcpy(&d, &bits, sizeof d);
-  return d;
-}

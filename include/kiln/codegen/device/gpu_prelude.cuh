@@ -1,0 +1,143 @@
+// kiln — header-only C++20 tensor compiler.
+// SPDX-License-Identifier: Apache-2.0
+//
+// Device helper pasted at the top of every generated CUDA and HIP translation
+// unit (compiled by NVRTC or hipRTC, so no system headers). The dialects differ
+// only where this file says #ifdef KILN_HIP: shuffles without a mask, and the
+// warp (wavefront) size, which the host reads from the device and passes in as
+// KILN_WARP (64 on CDNA, 32 elsewhere).
+#ifndef KILN_WARP
+#define KILN_WARP 32
+#endif
+typedef unsigned long long kiln_u64;
+#ifndef KILN_HAVE_STDINT
+typedef long long int64_t;
+typedef unsigned long long uint64_t;
+typedef int int32_t;
+typedef unsigned int uint32_t;
+typedef unsigned short uint16_t;
+#endif
+#define KILN_FN __device__ __forceinline__
+#ifndef INFINITY
+#define INFINITY (__int_as_float(0x7f800000))
+#endif
+#ifndef NAN
+#define NAN (__int_as_float(0x7fc00000))
+#endif
+#define KILN_INT32_MIN (-2147483647 - 1)
+#define KILN_INT32_MAX 2147483647
+#define KILN_INT64_MIN (-9223372036854775807LL - 1)
+#define KILN_INT64_MAX 9223372036854775807LL
+
+KILN_FN double kiln_bits_to_f64(uint64_t b) { return __longlong_as_double((long long)b); }
+
+// Math in the compute type (f32 for f32/f16/bf16, f64 for f64); IEEE functions, no fast-math.
+KILN_FN float kiln_exp(float x) { return expf(x); }
+KILN_FN double kiln_exp(double x) { return exp(x); }
+KILN_FN float kiln_exp2(float x) { return exp2f(x); }
+KILN_FN double kiln_exp2(double x) { return exp2(x); }
+KILN_FN float kiln_log(float x) { return logf(x); }
+KILN_FN double kiln_log(double x) { return log(x); }
+KILN_FN float kiln_log2(float x) { return log2f(x); }
+KILN_FN double kiln_log2(double x) { return log2(x); }
+KILN_FN float kiln_sqrt(float x) { return sqrtf(x); }
+KILN_FN double kiln_sqrt(double x) { return sqrt(x); }
+KILN_FN float kiln_rsqrt(float x) { return rsqrtf(x); }
+KILN_FN double kiln_rsqrt(double x) { return rsqrt(x); }
+KILN_FN float kiln_recip(float x) { return 1.0f / x; }
+KILN_FN double kiln_recip(double x) { return 1.0 / x; }
+KILN_FN float kiln_sin(float x) { return sinf(x); }
+KILN_FN double kiln_sin(double x) { return sin(x); }
+KILN_FN float kiln_cos(float x) { return cosf(x); }
+KILN_FN double kiln_cos(double x) { return cos(x); }
+KILN_FN float kiln_tanh(float x) { return tanhf(x); }
+KILN_FN double kiln_tanh(double x) { return tanh(x); }
+KILN_FN float kiln_erf(float x) { return erff(x); }
+KILN_FN double kiln_erf(double x) { return erf(x); }
+KILN_FN float kiln_floor(float x) { return floorf(x); }
+KILN_FN double kiln_floor(double x) { return floor(x); }
+KILN_FN float kiln_pow(float x, float y) { return powf(x, y); }
+KILN_FN double kiln_pow(double x, double y) { return pow(x, y); }
+KILN_FN float kiln_abs(float x) { return fabsf(x); }
+KILN_FN double kiln_abs(double x) { return fabs(x); }
+KILN_FN int32_t kiln_abs(int32_t x) { return x < 0 ? -x : x; }
+KILN_FN int64_t kiln_abs(int64_t x) { return x < 0 ? -x : x; }
+template <class T> KILN_FN T kiln_sign(T x) { return (T)((x > (T)0) - (x < (T)0)) + (x != x ? x : (T)0); }
+// NaN-propagating, as torch.maximum / torch.minimum.
+template <class T> KILN_FN T kiln_max(T a, T b) { return (a > b || a != a) ? a : b; }
+template <class T> KILN_FN T kiln_min(T a, T b) { return (a < b || a != a) ? a : b; }
+KILN_FN bool kiln_max(bool a, bool b) { return a || b; }
+KILN_FN bool kiln_min(bool a, bool b) { return a && b; }
+
+// 16-bit floats: stored as uint16_t, computed in f32 (bit conversions, round to nearest even).
+KILN_FN float kiln_bf16_to_f32(uint16_t b) { return __uint_as_float(((uint32_t)b) << 16); }
+KILN_FN uint16_t kiln_f32_to_bf16(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+KILN_FN float kiln_f16_to_f32(uint16_t h) {
+  uint32_t sign = ((uint32_t)(h & 0x8000u)) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  if (e == 0x1f) return __uint_as_float(sign | 0x7f800000u | (m << 13));
+  if (e == 0) { float v = (float)m * 5.9604644775390625e-8f; return sign ? -v : v; }
+  return __uint_as_float(sign | ((e + 112u) << 23) | (m << 13));
+}
+KILN_FN uint16_t kiln_f32_to_f16(float f) {
+  uint32_t u = __float_as_uint(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);
+  if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);
+  if (a < 0x38800000u) {
+    float v = __uint_as_float(a) * 16777216.0f;
+    uint32_t m = (uint32_t)v;
+    float rem = v - (float)m;
+    if (rem > 0.5f || (rem == 0.5f && (m & 1u))) ++m;
+    return (uint16_t)(sign | m);
+  }
+  a += 0xfffu + ((a >> 13) & 1u) - (112u << 23);
+  return (uint16_t)(sign | (a >> 13));
+}
+
+// Loads and stores of V consecutive elements as 16-byte transactions (the caller
+// guarantees alignment: the host picks this variant only for aligned pointers).
+template <int V, class T> KILN_FN void kiln_load_vec(T* dst, const T* src) {
+  static_assert((V * sizeof(T)) % 16 == 0, "whole 16-byte words");
+#pragma unroll
+  for (int k = 0; k < (int)(V * sizeof(T) / 16); ++k) ((uint4*)dst)[k] = __ldg(((const uint4*)src) + k);
+}
+template <int V, class T> KILN_FN void kiln_store_vec(T* dst, const T* src) {
+#pragma unroll
+  for (int k = 0; k < (int)(V * sizeof(T) / 16); ++k) ((uint4*)dst)[k] = ((const uint4*)src)[k];
+}
+
+// Reductions across a warp, then across a block through shared memory.
+struct KilnSum { template <class T> KILN_FN T operator()(T a, T b) const { return a + b; } };
+struct KilnMax { template <class T> KILN_FN T operator()(T a, T b) const { return kiln_max(a, b); } };
+struct KilnMin { template <class T> KILN_FN T operator()(T a, T b) const { return kiln_min(a, b); } };
+template <class T> KILN_FN T kiln_shfl_xor(T v, int o) {
+#ifdef KILN_HIP
+  return __shfl_xor(v, o, KILN_WARP);
+#else
+  return __shfl_xor_sync(0xffffffffu, v, o, KILN_WARP);
+#endif
+}
+template <class T, class Op> KILN_FN T kiln_warp_reduce(T v, Op op) {
+#pragma unroll
+  for (int o = KILN_WARP / 2; o > 0; o >>= 1) v = op(v, kiln_shfl_xor(v, o));
+  return v;
+}
+template <class T, class Op> KILN_FN T kiln_block_reduce(T v, Op op, T identity) {
+  __shared__ kiln_u64 smem[1024 / KILN_WARP + 1];
+  T* s = (T*)smem;
+  const int lane = threadIdx.x % KILN_WARP, warp = threadIdx.x / KILN_WARP, nwarps = (blockDim.x + KILN_WARP - 1) / KILN_WARP;
+  v = kiln_warp_reduce(v, op);
+  if (lane == 0) s[warp] = v;
+  __syncthreads();
+  v = (int)threadIdx.x < nwarps ? s[threadIdx.x] : identity;
+  if (warp == 0) v = kiln_warp_reduce(v, op);
+  if (threadIdx.x == 0) s[0] = v;
+  __syncthreads();
+  v = s[0];
+  __syncthreads();
+  return v;
+}

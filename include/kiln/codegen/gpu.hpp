@@ -1,0 +1,321 @@
+// kiln — header-only C++20 tensor compiler.
+// SPDX-License-Identifier: Apache-2.0
+//
+// The CUDA and HIP dialects: one generator, one kernel text for both; the
+// prelude (device/gpu_prelude.cuh) holds the few differences. Takes a Graph, a
+// Plan and a variant per kernel; gives one translation unit (one NVRTC/hipRTC
+// program) with a `extern "C" __global__` function per kernel, each taking its
+// arguments as one struct by value:
+//   struct { void* p[slots]; int64_t m[meta]; uint64_t a[words]; }
+// with the same meaning as the C++ dialect's P, M, A (codegen/cpp.hpp).
+//
+// Variants (chosen per call by the host, each its own compiled program):
+//   strides  how each slot walks the innermost dim (0, 1, or a run-time value);
+//   vec      V > 0: every slot is contiguous or broadcast along a single
+//            innermost dim and 16-byte aligned: V elements per 16-byte access;
+//   warp_rows  rows kernels: one warp per row (short rows) instead of one block.
+#pragma once
+#include <string>
+
+#include "kiln/codegen/device_files.hpp"
+#include "kiln/codegen/kernel.hpp"
+
+namespace kiln::codegen {
+
+enum class GpuDialect : uint8_t { cuda, hip };
+
+struct GpuVariant {
+  std::vector<Stride> strides;
+  int vec = 0;
+  bool warp_rows = false;
+};
+
+inline constexpr int kGpuMaxMeta = 2 + kMaxRank + 16 * kMaxRank;
+
+inline std::string gpu_prelude(GpuDialect d, int warp_size) {
+  std::string s = d == GpuDialect::hip ? "#define KILN_HIP 1\n" : "";
+  s += "#define KILN_WARP " + std::to_string(warp_size) + "\n";
+  return s + detail::read_device_file("gpu_prelude.cuh") + detail::read_device_file("philox.h");
+}
+
+class GpuKernelWriter {
+ public:
+  GpuKernelWriter(const ir::Graph& g, const sched::Kernel& k, int index, const GpuVariant& v)
+      : g_(g), k_(k), l_(layout(g, k)), v_(v), name_("kiln_k" + std::to_string(index)) {}
+
+  // Bytes of the argument struct: p, then m, then a (all 8-byte fields).
+  static size_t meta_words(const ir::Graph& g, const sched::Kernel& k) {
+    (void)g;
+    if (k.kind == sched::KernelKind::matmul) return 2 + 4 * kMaxRank;
+    return 2 + kMaxRank + layout(g, k).slots.size() * kMaxRank;
+  }
+
+  std::string write() {
+    size_t ns = std::max<size_t>(l_.slots.size(), 1), nm = meta_words(g_, k_), nw = std::max(l_.words, 1);
+    std::string s = "struct " + name_ + "_args { void* p[" + std::to_string(ns) + "]; int64_t m[" + std::to_string(nm) +
+                    "]; uint64_t a[" + std::to_string(nw) + "]; };\n";
+    int threads = k_.kind == sched::KernelKind::matmul ? 256 : 1024;
+    s += "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(threads) + ") " + name_ + "(const " + name_ +
+         "_args args) {\n";
+    s += "  void* const* P = args.p; const int64_t* M = args.m; const uint64_t* A = args.a; (void)P; (void)A;\n";
+    if (k_.kind == sched::KernelKind::matmul) return s + matmul() + "}\n";
+    s += "  const int nd = (int)M[0], no = (int)M[1]; (void)no;\n  const int64_t* sz = M + 2;\n  const int64_t* st = M + 2 + nd;\n";
+    for (size_t i = 0; i < l_.slots.size(); ++i) s += slot_decl(int(i));
+    s += k_.kind == sched::KernelKind::rows ? rows() : pointwise();
+    return s + "}\n";
+  }
+
+ private:
+  std::string stype(int i) const { return storage_type(g_.nodes[size_t(l_.slots[size_t(i)].node)].dtype); }
+  std::string slot_decl(int i) const {
+    const Slot& sl = l_.slots[size_t(i)];
+    std::string s, si = std::to_string(i), t = stype(i);
+    if (sl.role == SlotRole::store) s += "  " + t + "* __restrict__ b" + si + " = (" + t + "*)P[" + si + "];\n";
+    else if (sl.role == SlotRole::load) s += "  const " + t + "* __restrict__ b" + si + " = (const " + t + "*)P[" + si + "];\n";
+    Stride c = v_.strides[size_t(i)];
+    if (c == Stride::any) s += "  const int64_t s" + si + " = nd ? st[" + si + " * nd + nd - 1] : 0;\n";
+    else s += "  constexpr int64_t s" + si + " = " + std::to_string(int(c)) + ";\n";
+    return s;
+  }
+  std::string offsets(const std::string& var, const std::string& d0, const std::string& d1, const std::string& prefix,
+                      const std::string& ind) const {
+    std::string s;
+    for (size_t i = 0; i < l_.slots.size(); ++i) s += ind + "int64_t " + prefix + std::to_string(i) + " = 0;\n";
+    s += ind + "{ int64_t rr = " + var + "; for (int d = " + d1 + " - 1; d >= " + d0 + "; --d) { const int64_t ix = rr % sz[d]; rr /= sz[d];";
+    for (size_t i = 0; i < l_.slots.size(); ++i) s += " " + prefix + std::to_string(i) + " += ix * st[" + std::to_string(i) + " * nd + d];";
+    return s + " } }\n";
+  }
+  std::string bases(const std::string& ind, const std::string& off) const {
+    std::string s;
+    for (size_t i = 0; i < l_.slots.size(); ++i) {
+      std::string si = std::to_string(i), o = off;
+      for (size_t p = 0; p < o.size(); ++p)
+        if (o[p] == '#') o.replace(p, 1, si);
+      if (l_.slots[i].role == SlotRole::rand) s += ind + "const int64_t q" + si + " = " + o + ";\n";
+      else if (l_.slots[i].role == SlotRole::store) s += ind + stype(int(i)) + "* __restrict__ q" + si + " = b" + si + " + " + o + ";\n";
+      else s += ind + "const " + stype(int(i)) + "* __restrict__ q" + si + " = b" + si + " + " + o + ";\n";
+    }
+    return s;
+  }
+  static std::string to_compute(DType d, const std::string& e) {
+    if (d == DType::bf16) return "kiln_bf16_to_f32(" + e + ")";
+    if (d == DType::f16) return "kiln_f16_to_f32(" + e + ")";
+    return e;
+  }
+  static std::string to_storage(DType d, const std::string& v) {
+    if (d == DType::bf16) return "kiln_f32_to_bf16(" + v + ")";
+    if (d == DType::f16) return "kiln_f32_to_f16(" + v + ")";
+    return "(" + storage_type(d) + ")(" + v + ")";
+  }
+  DType slot_dtype(int i) const { return g_.nodes[size_t(l_.slots[size_t(i)].node)].dtype; }
+  int slot_of_store(size_t s) const {
+    for (size_t i = 0; i < l_.slots.size(); ++i)
+      if (l_.slots[i].role == SlotRole::store && l_.slots[i].store == int(s)) return int(i);
+    return -1;
+  }
+  // Scalar access: element j of slot i from its base q<i>.
+  std::string load(int i) const {
+    std::string si = std::to_string(i);
+    return to_compute(slot_dtype(i), "q" + si + "[j * s" + si + "]");
+  }
+  std::string index(int i) const {
+    std::string si = std::to_string(i);
+    return "(q" + si + " + j * s" + si + ")";
+  }
+  // Vector access: element u of the V-wide chunk (unit slots from a register array, broadcast ones as scalars).
+  std::string vload(int i) const {
+    std::string si = std::to_string(i);
+    return v_.strides[size_t(i)] == Stride::zero ? to_compute(slot_dtype(i), "q" + si + "[0]") : to_compute(slot_dtype(i), "L" + si + "[u]");
+  }
+  std::string vindex(int i) const {
+    std::string si = std::to_string(i);
+    return "(q" + si + " + (j + u) * s" + si + ")";
+  }
+  template <class Pred, class Ld, class Ix, class St>
+  std::string stores_where(ValueEmitter& ve, const std::string& ind, Pred&& pred, Ld&& ld, Ix&& ix, St&& st) {
+    std::string body, tail;
+    for (size_t s = 0; s < k_.stores.size(); ++s) {
+      if (!pred(s)) continue;
+      std::string v = ve.value(k_.stores[s].value, body, ind, ld, ix);
+      tail += ind + st(slot_of_store(s), to_storage(g_.nodes[size_t(k_.stores[s].buffer)].dtype, v)) + ";\n";
+    }
+    return body + tail;
+  }
+  // Statements for one element (scalar) or one V-chunk (vector) of the domain at inner index j.
+  template <class Pred>
+  std::string element(ValueEmitter& ve, const std::string& ind, Pred&& pred, bool vec) {
+    if (!vec) {
+      auto saved = ve.save();
+      std::string s = stores_where(ve, ind, pred, [&](int i) { return load(i); }, [&](int i) { return index(i); },
+                                   [&](int i, const std::string& v) { std::string si = std::to_string(i); return "q" + si + "[j * s" + si + "] = " + v; });
+      ve.restore(saved);
+      return s;
+    }
+    std::string V = std::to_string(v_.vec), s;
+    for (size_t i = 0; i < l_.slots.size(); ++i) {
+      std::string si = std::to_string(i);
+      if (l_.slots[i].role == SlotRole::load && v_.strides[i] == Stride::unit)
+        s += ind + stype(int(i)) + " L" + si + "[" + V + "];\n" + ind + "kiln_load_vec<" + V + ">(L" + si + ", q" + si + " + j);\n";
+      if (l_.slots[i].role == SlotRole::store && pred(size_t(l_.slots[i].store))) s += ind + stype(int(i)) + " O" + si + "[" + V + "];\n";
+    }
+    auto saved = ve.save();
+    s += ind + "#pragma unroll\n" + ind + "for (int u = 0; u < " + V + "; ++u) {\n";
+    s += stores_where(ve, ind + "  ", pred, [&](int i) { return vload(i); }, [&](int i) { return vindex(i); },
+                      [&](int i, const std::string& v) { return "O" + std::to_string(i) + "[u] = " + v; });
+    s += ind + "}\n";
+    ve.restore(saved);
+    for (size_t i = 0; i < l_.slots.size(); ++i)
+      if (l_.slots[i].role == SlotRole::store && pred(size_t(l_.slots[i].store)))
+        s += ind + "kiln_store_vec<" + V + ">(q" + std::to_string(i) + " + j, O" + std::to_string(i) + ");\n";
+    return s;
+  }
+
+  std::string pointwise() {
+    ValueEmitter ve(g_, k_, l_);
+    auto all = [](size_t) { return true; };
+    std::string s = "  int64_t n = 1; for (int d = 0; d < nd; ++d) n *= sz[d];\n";
+    s += "  const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, nthreads = (int64_t)gridDim.x * blockDim.x;\n";
+    if (v_.vec) {  // one innermost dim (or none), every slot contiguous or broadcast, aligned
+      std::string V = std::to_string(v_.vec);
+      s += bases("  ", "0");
+      s += "  for (int64_t j = tid * " + V + "; j < n; j += nthreads * " + V + ") {\n";
+      s += "    if (j + " + V + " <= n) {\n" + element(ve, "      ", all, true) + "    } else {\n";
+      s += "      for (int64_t jj = j; jj < n; ++jj) {\n        const int64_t j = jj;\n" + element(ve, "        ", all, false) + "      }\n    }\n  }\n";
+      return s;
+    }
+    s += "  const int64_t inner = nd ? sz[nd - 1] : 1;\n";
+    s += "  for (int64_t i = tid; i < n; i += nthreads) {\n";
+    s += "    const int64_t r = nd > 1 ? i / inner : 0, j = i - r * inner;\n";
+    s += offsets("r", "0", "nd - 1", "o", "    ");
+    s += bases("    ", "o#");
+    s += element(ve, "    ", all, false);
+    return s + "  }\n";
+  }
+
+  std::string rows() {
+    ValueEmitter ve(g_, k_, l_);
+    int passes = 0;
+    for (int lvl : k_.reduce_level) passes = std::max(passes, lvl + 1);
+    std::string s;
+    s += "  int64_t outer = 1, irows = 1;\n  for (int d = 0; d < no; ++d) outer *= sz[d];\n  for (int d = no; d + 1 < nd; ++d) irows *= sz[d];\n";
+    s += "  const int64_t inner = nd > no ? sz[nd - 1] : 1;\n";
+    if (v_.warp_rows)
+      s += "  const int64_t r = (int64_t)blockIdx.x * (blockDim.x / KILN_WARP) + threadIdx.x / KILN_WARP;\n  const int lane = threadIdx.x % KILN_WARP, gsize = KILN_WARP;\n";
+    else
+      s += "  const int64_t r = blockIdx.x;\n  const int lane = threadIdx.x, gsize = blockDim.x;\n";
+    s += "  if (r >= outer) return;\n";
+    s += offsets("r", "0", "no", "o", "  ");
+    std::string V = std::to_string(v_.vec ? v_.vec : 1);
+    // The loop over one row's elements; the body sees q<i> and j.
+    auto row_loop = [&](const std::string& body_scalar, const std::string& body_vec) {
+      std::string t;
+      if (v_.vec) {  // single inner dim, contiguous, aligned: V-wide steps, scalar tail
+        t += bases("    ", "o#");
+        t += "    for (int64_t j = (int64_t)lane * " + V + "; j < inner; j += (int64_t)gsize * " + V + ") {\n";
+        t += "      if (j + " + V + " <= inner) {\n" + body_vec + "      } else {\n";
+        t += "        for (int64_t jj = j; jj < inner; ++jj) {\n          const int64_t j = jj;\n" + body_scalar + "        }\n      }\n    }\n";
+      } else {
+        t += "    for (int64_t c = lane; c < irows * inner; c += gsize) {\n";
+        t += "      const int64_t ir = irows > 1 ? c / inner : 0, j = c - ir * inner;\n";
+        t += offsets("ir", "no", "nd - 1", "i", "      ");
+        t += bases("      ", "o# + i#");
+        t += body_scalar + "    }\n";
+      }
+      return t;
+    };
+    for (int p = 0; p < passes; ++p) {
+      std::vector<size_t> mine;
+      for (size_t i = 0; i < k_.reduces.size(); ++i)
+        if (k_.reduce_level[i] == p) mine.push_back(i);
+      auto upd = [&](const std::string& ind, bool vec) {
+        std::string body, tail;
+        auto saved = ve.save();
+        for (size_t i : mine) {
+          int id = k_.reduces[i];
+          const ir::Node& n = g_.nodes[size_t(id)];
+          std::string v = vec ? ve.value(g_.arg(n, 0), body, ind, [&](int x) { return vload(x); }, [&](int x) { return vindex(x); })
+                              : ve.value(g_.arg(n, 0), body, ind, [&](int x) { return load(x); }, [&](int x) { return index(x); });
+          tail += ind + "a" + std::to_string(id) + " = " + op_name(n.op) + "()(a" + std::to_string(id) + ", " + v + ");\n";
+        }
+        ve.restore(saved);
+        return body + tail;
+      };
+      for (size_t i : mine) {
+        int id = k_.reduces[i];
+        const ir::Node& n = g_.nodes[size_t(id)];
+        s += "  " + compute_type(n.dtype) + " a" + std::to_string(id) + " = " + ident(n) + ";\n";
+      }
+      std::string vec_body;
+      if (v_.vec) {
+        for (size_t i = 0; i < l_.slots.size(); ++i)
+          if (l_.slots[i].role == SlotRole::load && v_.strides[i] == Stride::unit)
+            vec_body += "        " + stype(int(i)) + " L" + std::to_string(i) + "[" + V + "];\n        kiln_load_vec<" + V + ">(L" +
+                        std::to_string(i) + ", q" + std::to_string(i) + " + j);\n";
+        vec_body += "#pragma unroll\n        for (int u = 0; u < " + V + "; ++u) {\n" + upd("          ", true) + "        }\n";
+      }
+      s += "  {\n" + row_loop(upd(v_.vec ? "          " : "      ", false), vec_body) + "  }\n";
+      for (size_t i : mine) {
+        int id = k_.reduces[i];
+        const ir::Node& n = g_.nodes[size_t(id)];
+        std::string a = "a" + std::to_string(id);
+        s += "  const " + compute_type(n.dtype) + " r" + std::to_string(id) + " = " +
+             (v_.warp_rows ? "kiln_warp_reduce(" + a + ", " + op_name(n.op) + "())"
+                           : "kiln_block_reduce(" + a + ", " + op_name(n.op) + "(), " + ident(n) + ")") + ";\n";
+        ve.bind(id, "r" + std::to_string(id));
+      }
+    }
+    bool any_full = false;
+    for (size_t i = 0; i < k_.stores.size(); ++i) any_full |= !k_.row_level_[i];
+    auto full = [&](size_t i) { return !k_.row_level_[i]; };
+    if (any_full)
+      s += "  {\n" + row_loop(element(ve, v_.vec ? "          " : "      ", full, false), v_.vec ? element(ve, "        ", full, true) : "") + "  }\n";
+    s += "  if (lane == 0) {\n" + bases("    ", "o#") + "    const int64_t j = 0; (void)j;\n";
+    s += element(ve, "    ", [&](size_t i) { return bool(k_.row_level_[i]); }, false);
+    return s + "  }\n";
+  }
+  static std::string op_name(Prim p) { return p == Prim::sum ? "KilnSum" : p == Prim::amax ? "KilnMax" : "KilnMin"; }
+  static std::string ident(const ir::Node& n) {
+    std::string s = reduce_identity(n.op, n.dtype);
+    for (const char* m : {"INT32_MIN", "INT32_MAX", "INT64_MIN", "INT64_MAX"})
+      if (auto p = s.find(m); p != std::string::npos) s.replace(p, std::string(m).size(), std::string("KILN_") + m);
+    return s;
+  }
+
+  // A correct tiled matmul (16x16 shared-memory tiles); the tensor-core templates replace it per the matmul issue.
+  std::string matmul() {
+    DType d = g_.nodes[size_t(k_.stores[0].value)].dtype;
+    std::string acc = d == DType::f64 ? "double" : info(d).is_float ? "float" : "int64_t", st = storage_type(d);
+    std::string s;
+    s += "  const int nd = (int)M[0];\n  const int64_t K = M[1];\n  const int64_t* sz = M + 2;\n";
+    s += "  const int64_t* sa = sz + nd; const int64_t* sb = sa + nd; const int64_t* sc = sb + nd;\n";
+    s += "  const " + st + "* A0 = (const " + st + "*)P[0]; const " + st + "* B0 = (const " + st + "*)P[1]; " + st + "* C0 = (" + st + "*)P[2];\n";
+    s += "  const int64_t Mr = sz[nd - 2], N = sz[nd - 1];\n";
+    s += "  int64_t oa = 0, ob = 0, oc = 0;\n  { int64_t rr = blockIdx.z; for (int d = nd - 3; d >= 0; --d) { const int64_t ix = rr % sz[d]; rr /= sz[d]; oa += ix * sa[d]; ob += ix * sb[d]; oc += ix * sc[d]; } }\n";
+    s += "  __shared__ " + acc + " As[16][17], Bs[16][17];\n";
+    s += "  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;\n";
+    s += "  const int64_t row = (int64_t)blockIdx.y * 16 + ty, col = (int64_t)blockIdx.x * 16 + tx;\n";
+    s += "  " + acc + " c = 0;\n";
+    s += "  for (int64_t k0 = 0; k0 < K; k0 += 16) {\n";
+    s += "    As[ty][tx] = (row < Mr && k0 + tx < K) ? (" + acc + ")" + to_compute(d, "A0[oa + row * sa[nd - 2] + (k0 + tx) * sa[nd - 1]]") + " : (" + acc + ")0;\n";
+    s += "    Bs[ty][tx] = (k0 + ty < K && col < N) ? (" + acc + ")" + to_compute(d, "B0[ob + (k0 + ty) * sb[nd - 2] + col * sb[nd - 1]]") + " : (" + acc + ")0;\n";
+    s += "    __syncthreads();\n#pragma unroll\n    for (int k = 0; k < 16; ++k) c += As[ty][k] * Bs[k][tx];\n    __syncthreads();\n  }\n";
+    s += "  if (row < Mr && col < N) C0[oc + row * sc[nd - 2] + col * sc[nd - 1]] = " + to_storage(d, "c") + ";\n";
+    return s;
+  }
+
+  const ir::Graph& g_;
+  const sched::Kernel& k_;
+  Layout l_;
+  const GpuVariant& v_;
+  std::string name_;
+};
+
+inline std::string gpu_source(GpuDialect dialect, int warp_size, const ir::Graph& g, const sched::Plan& plan,
+                              const std::vector<GpuVariant>& variants) {
+  std::string src = gpu_prelude(dialect, warp_size);
+  for (size_t k = 0; k < plan.kernels.size(); ++k)
+    src += "\n" + GpuKernelWriter(g, plan.kernels[k], int(k), variants[k]).write();
+  return src;
+}
+
+}  // namespace kiln::codegen

@@ -1,0 +1,74 @@
+// kiln — header-only C++20 tensor compiler.
+// SPDX-License-Identifier: Apache-2.0
+//
+// KILN_PRECOMPILE=sm_80,sm_90,gfx90a,... : whenever a plan variant is compiled,
+// also generate its CUDA/HIP source and compile it for each named GPU target
+// through NVRTC / hipRTC, into the disk cache. A build machine without a GPU
+// can so warm the cache for the GPUs it targets, and CI (which has no GPU)
+// proves that every kernel the tests generate compiles for sm_80, sm_90 and
+// the AMD targets. Takes the CPU backend's plan and bound arguments; gives
+// cached cubins / code objects, or a CompileError naming the target.
+#pragma once
+#include "kiln/jit/hiprtc.hpp"
+#include "kiln/runtime/cuda_backend.hpp"
+
+namespace kiln::runtime::detail {
+
+inline std::vector<std::string> precompile_targets() {
+  static const std::vector<std::string> targets = [] {
+    std::vector<std::string> t;
+    const char* env = std::getenv("KILN_PRECOMPILE");
+    std::string s = env ? env : "";
+    for (size_t p = 0; p < s.size();) {
+      size_t q = s.find(',', p);
+      if (q == std::string::npos) q = s.size();
+      if (q > p) t.push_back(s.substr(p, q - p));
+      p = q + 1;
+    }
+    return t;
+  }();
+  return targets;
+}
+
+inline void precompile(const ir::Graph& g, const CompiledPlan& cp, const std::vector<KernelArgs>& args) {
+  auto saved = kiln::counters();  // NOTE: warming other targets is not this call's compile work
+  for (const std::string& t : precompile_targets()) {
+    bool amd = t.rfind("gfx", 0) == 0;
+    int warp = amd && t.rfind("gfx9", 0) == 0 ? 64 : 32;
+    if (amd && !(jit::hiprtc_available() && jit::hiprtc_target_supported(t))) {
+      log(LogTopic::jit, "precompile: skipping " + t + " (hipRTC missing or target unknown to it)");
+      continue;
+    }
+    if (!amd && !jit::nvrtc_available()) {
+      log(LogTopic::jit, "precompile: skipping " + t + " (NVRTC missing)");
+      continue;
+    }
+    // The variant this call would pick, and for rows kernels the other group size too.
+    for (int pass = 0; pass < 2; ++pass) {
+      std::vector<codegen::GpuVariant> vars;
+      bool has_rows = false;
+      for (size_t k = 0; k < cp.plan.kernels.size(); ++k) {
+        vars.push_back(gpu_variant(g, cp.plan.kernels[k], cp.layouts[k], args[k], warp));
+        if (cp.plan.kernels[k].kind == sched::KernelKind::rows) has_rows = true, vars.back().warp_rows ^= pass == 1;
+      }
+      if (pass == 1 && !has_rows) break;
+      auto dialect = amd ? codegen::GpuDialect::hip : codegen::GpuDialect::cuda;
+      std::string src = codegen::gpu_source(dialect, warp, g, cp.plan, vars);
+      if (amd) {
+        jit::hiprtc_compile(src, "kiln_plan", t, {});
+      } else {
+        int cc = std::stoi(t.substr(3));
+        jit::nvrtc_compile(src, "kiln_plan", cc / 10, cc % 10);
+      }
+    }
+  }
+  auto& c = kiln::detail::counters_state();
+  c.compiles = saved.compiles, c.disk_hits = saved.disk_hits, c.memory_hits = saved.memory_hits;
+}
+
+inline const bool precompile_registered = [] {
+  if (!precompile_targets().empty()) cpu_compile_hook() = precompile;
+  return true;
+}();
+
+}  // namespace kiln::runtime::detail
