@@ -116,12 +116,19 @@ class Tensor {
   template <class... I>
     requires(sizeof...(I) == R && (std::integral<I> && ...))
   typename DT::compute operator()(I... idx) const {
-    return typename DT::compute(to_double<DT>(host_data()[element_offset({int64_t(idx)...})]));
+    int64_t off = element_offset({int64_t(idx)...});
+    storage_type v;
+    if (device() == cpu()) v = host_data()[off];
+    else copy_bytes(&v, cpu(), static_cast<storage_type*>(data_ptr()) + off, device(), sizeof v);  // NOTE: one element: slow, for tests
+    return typename DT::compute(to_double<DT>(v));
   }
   template <class... I>
     requires(sizeof...(I) == R && (std::integral<I> && ...))
   void set(double v, I... idx) const {
-    host_data()[element_offset({int64_t(idx)...})] = from_double<DT>(v);
+    int64_t off = element_offset({int64_t(idx)...});
+    storage_type sv = from_double<DT>(v);
+    if (device() == cpu()) host_data()[off] = sv;
+    else copy_bytes(static_cast<storage_type*>(data_ptr()) + off, device(), &sv, cpu(), sizeof sv);
   }
   // All elements in row-major order as double (any device; copies to host).
   std::vector<double> to_vector() const {

@@ -1,0 +1,49 @@
+#!/usr/bin/env python3
+# kiln — header-only C++20 tensor compiler.
+# SPDX-License-Identifier: Apache-2.0
+"""Sets kiln's GPU bench (gpu_bench's JSON lines) beside torch_anchor.py's results
+from the same machine and run: kiln compiled vs kiln eager, vs PyTorch eager and
+torch.compile, and achieved GB/s against the copy ceiling measured by kiln.
+
+usage: compare_torch.py kiln.jsonl torch/results.jsonl
+"""
+import json
+import sys
+
+NAMES = {"W1 gelu chain f32": "W1", "W2 softmax f32": "W2", "W3 layer_norm bf16": "W3",
+         "W8 sum f32": "W8a", "W8 var_mean f32": "W8b", "W8 sum+var_mean f32": "W8c", "W7 small MLP f32": "W7"}
+
+
+def load(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def main():
+    kiln, torch = load(sys.argv[1]), load(sys.argv[2]) if len(sys.argv) > 2 else []
+    ceil = next(r for r in kiln if r["type"] == "ceiling")
+    tw = {r["workload"]: r for r in torch if r.get("type") == "workload"}
+    print(f"copy ceiling (kiln, same run): {ceil['copy_gbs']:.0f} GB/s; launch floor {ceil['launch_floor_us']:.2f} us; "
+          f"compiled x+1 {ceil['compiled_plus_one_us']:.2f} us/call")
+    print("| workload | kiln fused ms | kiln eager ms | torch eager ms | torch.compile ms | kiln GB/s | % of copy | "
+          "vs kiln eager | vs torch eager | vs torch.compile |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in kiln:
+        if r["type"] != "kiln":
+            continue
+        t = tw.get(NAMES.get(r["name"], ""), {}).get("modes", {})
+        te, tc = t.get("eager", {}).get("ms"), t.get("default", {}).get("ms")
+        if "fused_us" in r:  # latency row: microseconds per call, wall clock
+            f, e = r["fused_us"] / 1e3, r["eager_us"] / 1e3
+            gbs = pct = "-"
+        else:
+            f, e = r["fused_ms"], r["eager_ms"]
+            g = r["bytes"] / f / 1e6
+            gbs, pct = f"{g:.0f}", f"{100 * g / ceil['copy_gbs']:.1f}%"
+        fmt = lambda x: f"{x:.4f}" if isinstance(x, float) else "-"
+        ratio = lambda x: f"{x / f:.2f}x" if isinstance(x, float) else "-"
+        print(f"| {r['name']} | {fmt(f)} | {fmt(e)} | {fmt(te)} | {fmt(tc)} | {gbs} | {pct} | {ratio(e)} | {ratio(te)} | {ratio(tc)} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,203 @@
+// kiln — header-only C++20 tensor compiler.
+// SPDX-License-Identifier: Apache-2.0
+//
+// GPU rows of ../shared/bench/WORKLOADS.md (W1, W2, W3, W7, W8) on the first CUDA
+// device: kiln compiled (fused) and eager, timed with CUDA events after an L2
+// flush, median of many calls, outputs checked against a float64 reference first;
+// the device-to-device copy ceiling and the launch floor measured in the same run.
+// Prints a table; with an argument, writes JSON lines there (bench/compare_torch.py
+// sets them beside torch_anchor.py's results).
+#include <kiln/kiln.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+
+using namespace kiln;
+using Clock = std::chrono::steady_clock;
+
+static double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Median device time (ms) of fn, L2 flushed before each call.
+static double time_ms(const std::function<void()>& fn, int reps = 30) {
+  for (int i = 0; i < 3; ++i) fn();
+  cu::EventTimer t;
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    cu::flush_l2();
+    t.start();
+    fn();
+    t.stop();
+    ms.push_back(t.elapsed_ms());
+  }
+  return median(ms);
+}
+// Wall time per call (µs) of back-to-back calls.
+static double wall_us(const std::function<void()>& fn, int n = 2000) {
+  for (int i = 0; i < 50; ++i) fn();
+  cu::cuda_device().synchronize();
+  std::vector<double> us;
+  for (int r = 0; r < 5; ++r) {
+    auto t0 = Clock::now();
+    for (int i = 0; i < n; ++i) fn();
+    cu::cuda_device().synchronize();
+    us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / n);
+  }
+  return median(us);
+}
+
+static double max_rel(const std::vector<double>& got, const std::vector<double>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) num = std::max(num, std::fabs(got[i] - ref[i])), den = std::max(den, std::fabs(ref[i]));
+  return std::isnan(num) ? INFINITY : num / (den ? den : 1);
+}
+
+struct Row {
+  std::string name;
+  double fused_ms, eager_ms, bytes, err;
+  size_t kernels;
+};
+static std::vector<Row> rows;
+static double copy_gbs = 0;
+
+static void report(const Row& r) {
+  rows.push_back(r);
+  double gbs = r.bytes / r.fused_ms / 1e6;
+  std::printf("%-26s fused %8.4f ms  eager %8.4f ms  %7.0f GB/s  %5.1f%% of copy  eager/fused %5.2fx  kernels %zu  rel.err %.1e\n",
+              r.name.c_str(), r.fused_ms, r.eager_ms, gbs, 100 * gbs / copy_gbs, r.eager_ms / r.fused_ms, r.kernels, r.err);
+  std::fflush(stdout);
+}
+
+int main(int argc, char** argv) {
+  if (!cu::cuda_available() || cu::cuda_device_count() == 0) {
+    std::printf("gpu_bench: no CUDA GPU on this machine; nothing measured\n");
+    return 0;
+  }
+  const auto& props = cu::cuda_device().properties();
+  std::printf("device: %s, %d SMs, sm_%d%d\n", props.name.c_str(), props.sm_count, props.cc_major, props.cc_minor);
+
+  {  // ceiling: device-to-device copy of 2 GiB, read + write counted
+    size_t bytes = size_t(2) << 30;
+    auto a = cu::device_alloc(bytes), b = cu::device_alloc(bytes);
+    double ms = time_ms([&] { cu::copy_on_device(b, a, bytes); }, 10);
+    copy_gbs = 2.0 * double(bytes) / ms / 1e6;
+    std::printf("ceiling: device copy %.0f GB/s\n", copy_gbs);
+  }
+
+  {  // W1: y = gelu(x*a+b) * sigmoid(x), f32, 2^26
+    int64_t n = int64_t(1) << 26;
+    Tensor<f32, 1> x = randn<f32>(Shape<1>{n}, 1), a = randn<f32>(Shape<1>{n}, 2), b = randn<f32>(Shape<1>{n}, 3);
+    auto f = [&] { return gelu(x * a + b) * sigmoid(x); };
+    Tensor<f32, 1> y = f();
+    auto xv = x.to_vector(), av = a.to_vector(), bv = b.to_vector(), yv = y.to_vector();
+    std::vector<double> ref(static_cast<size_t>(n));
+    for (size_t i = 0; i < ref.size(); ++i) {
+      double t = xv[i] * av[i] + bv[i];
+      ref[i] = 0.5 * t * (1 + std::erf(t / std::sqrt(2.0))) / (1 + std::exp(-xv[i]));
+    }
+    report({"W1 gelu chain f32", time_ms([&] { Tensor<f32, 1> o = f(); }), time_ms([&] { auto o = eval_eager(f()); }),
+            4.0 * n * 4, max_rel(yv, ref), kernel_count(Mode::fused, f())});
+  }
+  auto check_rows = [](const std::vector<double>& got, const std::vector<double>& ref) { return max_rel(got, ref); };
+  {  // W2: softmax over the last dim, f32 [8192, 8192]
+    int64_t R = 8192, C = 8192;
+    Tensor<f32, 2> x = randn<f32>(Shape<2>{R, C}, 4);
+    Tensor<f32, 2> y = softmax(x, -1);
+    auto xs = x.slice(0, 0, 64).to_vector(), ys = y.slice(0, 0, 64).to_vector();
+    std::vector<double> ref(xs.size());
+    for (int64_t r = 0; r < 64; ++r) {
+      double m = -INFINITY, s = 0;
+      for (int64_t c = 0; c < C; ++c) m = std::max(m, xs[size_t(r * C + c)]);
+      for (int64_t c = 0; c < C; ++c) s += std::exp(xs[size_t(r * C + c)] - m);
+      for (int64_t c = 0; c < C; ++c) ref[size_t(r * C + c)] = std::exp(xs[size_t(r * C + c)] - m) / s;
+    }
+    report({"W2 softmax f32", time_ms([&] { Tensor<f32, 2> o = softmax(x, -1); }),
+            time_ms([&] { auto o = eval_eager(softmax(x, -1)); }), 2.0 * R * C * 4, check_rows(ys, ref),
+            kernel_count(Mode::fused, softmax(x, -1))});
+  }
+  {  // W3: layer norm with weight and bias, bf16 [16384, 4096], eps 1e-5
+    int64_t R = 16384, C = 4096;
+    Tensor<bf16, 2> x = cast<bf16>(randn<f32>(Shape<2>{R, C}, 5));
+    Tensor<bf16, 1> w = cast<bf16>(randn<f32>(Shape<1>{C}, 6)), b = cast<bf16>(randn<f32>(Shape<1>{C}, 7));
+    Tensor<bf16, 2> y = layer_norm(x, w, b, 1e-5);
+    auto xs = x.slice(0, 0, 64).to_vector(), ys = y.slice(0, 0, 64).to_vector(), wv = w.to_vector(), bv = b.to_vector();
+    std::vector<double> ref(xs.size());
+    for (int64_t r = 0; r < 64; ++r) {
+      double m = 0, v = 0;
+      for (int64_t c = 0; c < C; ++c) m += xs[size_t(r * C + c)];
+      m /= double(C);
+      for (int64_t c = 0; c < C; ++c) v += (xs[size_t(r * C + c)] - m) * (xs[size_t(r * C + c)] - m);
+      v /= double(C);
+      for (int64_t c = 0; c < C; ++c) ref[size_t(r * C + c)] = (xs[size_t(r * C + c)] - m) / std::sqrt(v + 1e-5) * wv[size_t(c)] + bv[size_t(c)];
+    }
+    report({"W3 layer_norm bf16", time_ms([&] { Tensor<bf16, 2> o = layer_norm(x, w, b, 1e-5); }),
+            time_ms([&] { auto o = eval_eager(layer_norm(x, w, b, 1e-5)); }), 2.0 * R * C * 2 + 2.0 * C * 2,
+            check_rows(ys, ref), kernel_count(Mode::fused, layer_norm(x, w, b, 1e-5))});
+  }
+  {  // W8: sum, var_mean, and both in one function over the last dim, f32 [32768, 4096]
+    int64_t R = 32768, C = 4096;
+    Tensor<f32, 2> x = randn<f32>(Shape<2>{R, C}, 8);
+    auto [v, m] = eval(var_mean(x, -1));
+    Tensor<f32, 1> s = sum(x, -1);
+    auto xs = x.slice(0, 0, 64).to_vector(), vs = v.slice(0, 0, 64).to_vector(), ms = m.slice(0, 0, 64).to_vector(),
+         ss = s.slice(0, 0, 64).to_vector();
+    std::vector<double> rv(64), rm(64), rs(64);
+    for (size_t r = 0; r < 64; ++r) {
+      for (int64_t c = 0; c < C; ++c) rs[r] += xs[r * size_t(C) + size_t(c)];
+      rm[r] = rs[r] / double(C);
+      for (int64_t c = 0; c < C; ++c) rv[r] += std::pow(xs[r * size_t(C) + size_t(c)] - rm[r], 2);
+      rv[r] /= double(C - 1);
+    }
+    double bytes = double(R) * C * 4;
+    report({"W8 sum f32", time_ms([&] { Tensor<f32, 1> o = sum(x, -1); }), time_ms([&] { auto o = eval_eager(sum(x, -1)); }),
+            bytes + R * 4.0, max_rel(ss, rs), kernel_count(Mode::fused, sum(x, -1))});
+    report({"W8 var_mean f32", time_ms([&] { auto o = eval(var_mean(x, -1)); }),
+            time_ms([&] { auto o = eval_eager(var_mean(x, -1)); }), bytes + R * 8.0,
+            std::max(max_rel(vs, rv), max_rel(ms, rm)), kernel_count(Mode::fused, std::get<0>(var_mean(x, -1)), std::get<1>(var_mean(x, -1)))});
+    auto both = [&] { auto [vv, mm] = var_mean(x, -1); return std::tuple{sum(x, -1), vv, mm}; };
+    report({"W8 sum+var_mean f32", time_ms([&] { auto o = eval(both()); }), time_ms([&] { auto o = eval_eager(both()); }),
+            bytes + R * 12.0, 0, 0});
+  }
+  double floor_us = 0, plus_one_us = 0, w7_us = 0, w7_eager_us = 0;
+  {  // launch floor (a tiny kernel through the driver) and a compiled x+1 on one element
+    auto& mod = cu::load_cuda_module("extern \"C\" __global__ void k(float* p) { if (p) p[0] = 1.0f; }");
+    auto fn = mod.function("k");
+    void* nullp = nullptr;
+    void* params[] = {&nullp};
+    floor_us = wall_us([&] { fn.launch({1, 1, 1}, {32, 1, 1}, 0, params, "floor", cu::cuda_device().stream()); });
+    Tensor<f32, 1> t = randn<f32>(Shape<1>{1}, 9);
+    auto f = compile([](const Tensor<f32, 1>& a) { return a + 1.0f; });
+    plus_one_us = wall_us([&] { auto o = f(t); });
+    std::printf("host: launch floor %.2f us/call, compiled x+1 %.2f us/call (overhead %.2f us)\n", floor_us, plus_one_us,
+                plus_one_us - floor_us);
+  }
+  {  // W7: MLP 256 -> 256 -> 256 -> 10 with ReLU, batch 32, f32; microseconds per call
+    auto W = [](int64_t o, int64_t i, uint64_t seed) { return Tensor<f32, 2>(randn<f32>(Shape<2>{o, i}, seed) * (1.0 / std::sqrt(double(i)))); };
+    Tensor<f32, 2> x = randn<f32>(Shape<2>{32, 256}, 10), W1 = W(256, 256, 11), W2 = W(256, 256, 12), W3 = W(10, 256, 13);
+    Tensor<f32, 1> b1 = randn<f32>(Shape<1>{256}, 14), b2 = randn<f32>(Shape<1>{256}, 15), b3 = randn<f32>(Shape<1>{10}, 16);
+    auto mlp = [&] { return linear(relu(linear(relu(linear(x, W1, b1)), W2, b2)), W3, b3); };
+    w7_us = wall_us([&] { Tensor<f32, 2> o = mlp(); }, 500);
+    w7_eager_us = wall_us([&] { auto o = eval_eager(mlp()); }, 500);
+    std::printf("W7 small MLP f32            fused %.1f us/call  eager %.1f us/call  kernels %zu\n", w7_us, w7_eager_us,
+                kernel_count(Mode::fused, mlp()));
+  }
+  if (argc > 1) {
+    std::ofstream out(argv[1]);
+    out << "{\"type\":\"ceiling\",\"copy_gbs\":" << copy_gbs << ",\"launch_floor_us\":" << floor_us
+        << ",\"compiled_plus_one_us\":" << plus_one_us << "}\n";
+    for (const Row& r : rows)
+      out << "{\"type\":\"kiln\",\"name\":\"" << r.name << "\",\"fused_ms\":" << r.fused_ms << ",\"eager_ms\":" << r.eager_ms
+          << ",\"bytes\":" << r.bytes << ",\"rel_err\":" << r.err << ",\"kernels\":" << r.kernels << "}\n";
+    out << "{\"type\":\"kiln\",\"name\":\"W7 small MLP f32\",\"fused_us\":" << w7_us << ",\"eager_us\":" << w7_eager_us << "}\n";
+  }
+  auto c = counters();
+  std::printf("counters: compiles %llu, memory hits %llu, disk hits %llu, kernels launched %llu\n",
+              (unsigned long long)c.compiles, (unsigned long long)c.memory_hits, (unsigned long long)c.disk_hits,
+              (unsigned long long)c.kernels_launched);
+}
