@@ -88,6 +88,7 @@ class Tracer {
   }
 
   Graph finish(std::vector<int32_t> outputs) {
+    if (!g_.device_set) g_.device = default_device();  // an expression of no tensors (rand, iota)
     g_.outputs = std::move(outputs);
     sig_.add(uint32_t(g_.outputs.size()));
     for (int o : g_.outputs) sig_.add(o);
