@@ -13,7 +13,9 @@
 //   strides  how each slot walks the innermost dim (0, 1, or a run-time value);
 //   vec      V > 0: every slot is contiguous or broadcast along a single
 //            innermost dim and 16-byte aligned: V elements per 16-byte access;
-//   warp_rows  rows kernels: one warp per row (short rows) instead of one block.
+//   warp_rows  rows kernels: one warp per row (short rows) instead of one block;
+//   persist  rows kernels whose row fits: each thread loads its P chunks once,
+//            every pass then reads registers (one read of the input per row).
 #pragma once
 #include <string>
 
@@ -28,6 +30,8 @@ struct GpuVariant {
   std::vector<Stride> strides;
   int vec = 0;
   bool warp_rows = false;
+  int persist = 0;   // rows: V-chunks per thread kept in registers across passes (the row is read once)
+  int threads = 256; // rows: block size (launch only; persist depends on it)
 };
 
 inline constexpr int kGpuMaxMeta = 2 + kMaxRank + 16 * kMaxRank;
@@ -125,7 +129,8 @@ class GpuKernelWriter {
   // Vector access: element u of the V-wide chunk (unit slots from a register array, broadcast ones as scalars).
   std::string vload(int i) const {
     std::string si = std::to_string(i);
-    return v_.strides[size_t(i)] == Stride::zero ? to_compute(slot_dtype(i), "q" + si + "[0]") : to_compute(slot_dtype(i), "L" + si + "[u]");
+    return v_.strides[size_t(i)] == Stride::zero ? to_compute(slot_dtype(i), "q" + si + "[0]")
+                                                 : to_compute(slot_dtype(i), "L" + si + (v_.persist ? "[k][u]" : "[u]"));
   }
   std::string vindex(int i) const {
     std::string si = std::to_string(i);
@@ -154,9 +159,9 @@ class GpuKernelWriter {
     std::string V = std::to_string(v_.vec), s;
     for (size_t i = 0; i < l_.slots.size(); ++i) {
       std::string si = std::to_string(i);
-      if (l_.slots[i].role == SlotRole::load && v_.strides[i] == Stride::unit)
-        s += ind + stype(int(i)) + " L" + si + "[" + V + "];\n" + ind + "kiln_load_vec<" + V + ">(L" + si + ", q" + si + " + j);\n";
-      if (l_.slots[i].role == SlotRole::store && pred(size_t(l_.slots[i].store))) s += ind + stype(int(i)) + " O" + si + "[" + V + "];\n";
+      if (l_.slots[i].role == SlotRole::load && v_.strides[i] == Stride::unit && !v_.persist)
+        s += ind + "alignas(16) " + stype(int(i)) + " L" + si + "[" + V + "];\n" + ind + "kiln_load_vec<" + V + ">(L" + si + ", q" + si + " + j);\n";
+      if (l_.slots[i].role == SlotRole::store && pred(size_t(l_.slots[i].store))) s += ind + "alignas(16) " + stype(int(i)) + " O" + si + "[" + V + "];\n";
     }
     auto saved = ve.save();
     s += ind + "#pragma unroll\n" + ind + "for (int u = 0; u < " + V + "; ++u) {\n";
@@ -206,12 +211,26 @@ class GpuKernelWriter {
     s += "  if (r >= outer) return;\n";
     s += offsets("r", "0", "no", "o", "  ");
     std::string V = std::to_string(v_.vec ? v_.vec : 1);
+    if (v_.persist) {  // load the row once
+      s += bases("  ", "o#");
+      for (size_t i = 0; i < l_.slots.size(); ++i) {
+        if (l_.slots[i].role != SlotRole::load || v_.strides[i] != Stride::unit) continue;
+        std::string si = std::to_string(i), P = std::to_string(v_.persist);
+        s += "  " + "alignas(16) " + stype(int(i)) + " L" + si + "[" + P + "][" + V + "];\n";
+        s += "#pragma unroll\n  for (int k = 0; k < " + P + "; ++k) {\n    const int64_t j = ((int64_t)lane + (int64_t)k * gsize) * " + V +
+             ";\n    if (j < inner) kiln_load_vec<" + V + ">(L" + si + "[k], q" + si + " + j);\n  }\n";
+      }
+    }
     // The loop over one row's elements; the body sees q<i> and j.
     auto row_loop = [&](const std::string& body_scalar, const std::string& body_vec) {
       std::string t;
-      if (v_.vec) {  // single inner dim, contiguous, aligned: V-wide steps, scalar tail
+      if (v_.persist) {  // the row's chunks are in registers: L<i>[k]
+        t += "#pragma unroll\n    for (int k = 0; k < " + std::to_string(v_.persist) + "; ++k) {\n";
+        t += "      const int64_t j = ((int64_t)lane + (int64_t)k * gsize) * " + V + ";\n";
+        t += "      if (j < inner) {\n" + body_vec + "      }\n    }\n";
+      } else if (v_.vec) {  // single inner dim, contiguous, aligned: V-wide steps, scalar tail
         t += bases("    ", "o#");
-        t += "    for (int64_t j = (int64_t)lane * " + V + "; j < inner; j += (int64_t)gsize * " + V + ") {\n";
+        t += "#pragma unroll 4\n    for (int64_t j = (int64_t)lane * " + V + "; j < inner; j += (int64_t)gsize * " + V + ") {\n";
         t += "      if (j + " + V + " <= inner) {\n" + body_vec + "      } else {\n";
         t += "        for (int64_t jj = j; jj < inner; ++jj) {\n          const int64_t j = jj;\n" + body_scalar + "        }\n      }\n    }\n";
       } else {
@@ -248,8 +267,8 @@ class GpuKernelWriter {
       std::string vec_body;
       if (v_.vec) {
         for (size_t i = 0; i < l_.slots.size(); ++i)
-          if (l_.slots[i].role == SlotRole::load && v_.strides[i] == Stride::unit)
-            vec_body += "        " + stype(int(i)) + " L" + std::to_string(i) + "[" + V + "];\n        kiln_load_vec<" + V + ">(L" +
+          if (l_.slots[i].role == SlotRole::load && v_.strides[i] == Stride::unit && !v_.persist)
+            vec_body += "        alignas(16) " + stype(int(i)) + " L" + std::to_string(i) + "[" + V + "];\n        kiln_load_vec<" + V + ">(L" +
                         std::to_string(i) + ", q" + std::to_string(i) + " + j);\n";
         vec_body += "#pragma unroll\n        for (int u = 0; u < " + V + "; ++u) {\n" + upd("          ", true) + "        }\n";
       }

@@ -45,6 +45,13 @@ inline codegen::GpuVariant gpu_variant(const ir::Graph& g, const sched::Kernel& 
     int64_t per_row = 1;
     for (int d = no; d < nd; ++d) per_row *= a.meta[size_t(2 + d)];
     v.warp_rows = per_row <= int64_t(warp) * 32;
+    // Block rows: about four V-chunks per thread; a row that fits stays in registers.
+    int64_t chunks = (per_row + std::max(v.vec, 1) - 1) / std::max(v.vec, 1);
+    int t = 64;
+    while (t < 1024 && int64_t(t) * 4 < chunks) t *= 2;
+    v.threads = t;
+    int64_t p = (chunks + t - 1) / t;
+    if (!v.warp_rows && v.vec && per_row % v.vec == 0 && p <= 8) v.persist = int(p);
   }
   return v;
 }
@@ -70,9 +77,7 @@ inline GpuLaunch gpu_launch_shape(const sched::Kernel& k, const KernelArgs& a, c
       L.block = {256, 1, 1};
       L.grid = {unsigned((outer + 256 / warp - 1) / (256 / warp)), 1, 1};
     } else {
-      int64_t chunks = (per_row + std::max(v.vec, 1) - 1) / std::max(v.vec, 1);
-      unsigned t = chunks >= 4096 ? 1024 : chunks >= 1024 ? 512 : 256;  // several chunks per thread in flight
-      L.block = {t, 1, 1};
+      L.block = {unsigned(v.threads), 1, 1};
       L.grid = {unsigned(outer), 1, 1};
     }
     return L;
@@ -119,7 +124,7 @@ class CudaBackend final : public Backend {
       args.push_back(bind_kernel(g, kernels[k], cp.layouts[k], b));
       vars.push_back(gpu_variant(g, kernels[k], cp.layouts[k], args.back(), props.warp_size));
       for (auto s : vars.back().strides) vh.add(s);
-      vh.add(vars.back().vec).add(vars.back().warp_rows);
+      vh.add(vars.back().vec).add(vars.back().warp_rows).add(vars.back().persist);
     }
     auto fns = functions(g, cp, vh.digest(), vars, dev);
     for (size_t k = 0; k < kernels.size(); ++k) {

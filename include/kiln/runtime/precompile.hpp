@@ -49,7 +49,8 @@ inline void precompile(const ir::Graph& g, const CompiledPlan& cp, const std::ve
       bool has_rows = false;
       for (size_t k = 0; k < cp.plan.kernels.size(); ++k) {
         vars.push_back(gpu_variant(g, cp.plan.kernels[k], cp.layouts[k], args[k], warp));
-        if (cp.plan.kernels[k].kind == sched::KernelKind::rows) has_rows = true, vars.back().warp_rows ^= pass == 1;
+        if (cp.plan.kernels[k].kind == sched::KernelKind::rows && pass == 1) vars.back().warp_rows ^= true, vars.back().persist = 0;
+        has_rows |= cp.plan.kernels[k].kind == sched::KernelKind::rows;
       }
       if (pass == 1 && !has_rows) break;
       auto dialect = amd ? codegen::GpuDialect::hip : codegen::GpuDialect::cuda;
