@@ -216,7 +216,7 @@ class GpuKernelWriter {
       for (size_t i = 0; i < l_.slots.size(); ++i) {
         if (l_.slots[i].role != SlotRole::load || v_.strides[i] != Stride::unit) continue;
         std::string si = std::to_string(i), P = std::to_string(v_.persist);
-        s += "  " + "alignas(16) " + stype(int(i)) + " L" + si + "[" + P + "][" + V + "];\n";
+        s += "  alignas(16) " + stype(int(i)) + " L" + si + "[" + P + "][" + V + "];\n";
         s += "#pragma unroll\n  for (int k = 0; k < " + P + "; ++k) {\n    const int64_t j = ((int64_t)lane + (int64_t)k * gsize) * " + V +
              ";\n    if (j < inner) kiln_load_vec<" + V + ">(L" + si + "[k], q" + si + " + j);\n  }\n";
       }
