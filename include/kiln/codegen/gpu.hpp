@@ -130,7 +130,7 @@ class GpuKernelWriter {
   std::string vload(int i) const {
     std::string si = std::to_string(i);
     return v_.strides[size_t(i)] == Stride::zero ? to_compute(slot_dtype(i), "q" + si + "[0]")
-                                                 : to_compute(slot_dtype(i), "L" + si + (v_.persist ? "[k][u]" : "[u]"));
+                                                 : to_compute(slot_dtype(i), "L" + si + (kept(i) ? "[k][u]" : "[u]"));
   }
   std::string vindex(int i) const {
     std::string si = std::to_string(i);
@@ -159,7 +159,7 @@ class GpuKernelWriter {
     std::string V = std::to_string(v_.vec), s;
     for (size_t i = 0; i < l_.slots.size(); ++i) {
       std::string si = std::to_string(i);
-      if (l_.slots[i].role == SlotRole::load && v_.strides[i] == Stride::unit && !v_.persist)
+      if (l_.slots[i].role == SlotRole::load && v_.strides[i] == Stride::unit && !kept(int(i)))
         s += ind + "alignas(16) " + stype(int(i)) + " L" + si + "[" + V + "];\n" + ind + "kiln_load_vec<" + V + ">(L" + si + ", q" + si + " + j);\n";
       if (l_.slots[i].role == SlotRole::store && pred(size_t(l_.slots[i].store))) s += ind + "alignas(16) " + stype(int(i)) + " O" + si + "[" + V + "];\n";
     }
@@ -197,7 +197,32 @@ class GpuKernelWriter {
     return s + "  }\n";
   }
 
+  // Persistent rows keep in registers the slots the reductions read; the rest
+  // (weights read only by the final pass, say) are loaded where they are used.
+  bool kept(int i) const { return v_.persist && i < int(kept_.size()) && kept_[size_t(i)]; }
+  void find_kept() {
+    kept_.assign(l_.slots.size(), 0);
+    std::vector<int> stack;
+    for (int r : k_.reduces) stack.push_back(g_.arg(g_.nodes[size_t(r)], 0));
+    std::vector<uint8_t> seen(g_.nodes.size(), 0);
+    ValueEmitter probe(g_, k_, l_);
+    while (!stack.empty()) {
+      int id = stack.back();
+      stack.pop_back();
+      if (seen[size_t(id)]) continue;
+      seen[size_t(id)] = 1;
+      if (int sl = probe.slot_of(id, SlotRole::load); sl >= 0) {
+        kept_[size_t(sl)] = v_.strides[size_t(sl)] == Stride::unit;
+        continue;
+      }
+      if (std::find(k_.reduces.begin(), k_.reduces.end(), id) != k_.reduces.end()) continue;
+      const ir::Node& n = g_.nodes[size_t(id)];
+      for (int a = 0; a < n.nargs; ++a) stack.push_back(g_.arg(n, a));
+    }
+  }
+
   std::string rows() {
+    find_kept();
     ValueEmitter ve(g_, k_, l_);
     int passes = 0;
     for (int lvl : k_.reduce_level) passes = std::max(passes, lvl + 1);
@@ -214,7 +239,7 @@ class GpuKernelWriter {
     if (v_.persist) {  // load the row once
       s += bases("  ", "o#");
       for (size_t i = 0; i < l_.slots.size(); ++i) {
-        if (l_.slots[i].role != SlotRole::load || v_.strides[i] != Stride::unit) continue;
+        if (!kept(int(i))) continue;
         std::string si = std::to_string(i), P = std::to_string(v_.persist);
         s += "  alignas(16) " + stype(int(i)) + " L" + si + "[" + P + "][" + V + "];\n";
         s += "#pragma unroll\n  for (int k = 0; k < " + P + "; ++k) {\n    const int64_t j = ((int64_t)lane + (int64_t)k * gsize) * " + V +
@@ -267,7 +292,7 @@ class GpuKernelWriter {
       std::string vec_body;
       if (v_.vec) {
         for (size_t i = 0; i < l_.slots.size(); ++i)
-          if (l_.slots[i].role == SlotRole::load && v_.strides[i] == Stride::unit && !v_.persist)
+          if (l_.slots[i].role == SlotRole::load && v_.strides[i] == Stride::unit && !kept(int(i)))
             vec_body += "        alignas(16) " + stype(int(i)) + " L" + std::to_string(i) + "[" + V + "];\n        kiln_load_vec<" + V + ">(L" +
                         std::to_string(i) + ", q" + std::to_string(i) + " + j);\n";
         vec_body += "#pragma unroll\n        for (int u = 0; u < " + V + "; ++u) {\n" + upd("          ", true) + "        }\n";
@@ -327,6 +352,7 @@ class GpuKernelWriter {
   Layout l_;
   const GpuVariant& v_;
   std::string name_;
+  std::vector<uint8_t> kept_;
 };
 
 inline std::string gpu_source(GpuDialect dialect, int warp_size, const ir::Graph& g, const sched::Plan& plan,
