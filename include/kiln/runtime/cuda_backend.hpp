@@ -163,8 +163,12 @@ inline void* cuda_allocate(size_t bytes, int index) {
   dev.make_current();
   return reinterpret_cast<void*>(dev.allocator().allocate(bytes ? bytes : 1));
 }
-inline void cuda_release(void* p, size_t, int index) {
-  cu::cuda_device(index).allocator().release(reinterpret_cast<cu::CUdeviceptr>(p));
+inline void cuda_release(void* p, size_t, int index) noexcept {
+  try {  // NOTE: called from ~Storage: an exception here would end the process
+    cu::cuda_device(index).allocator().release(reinterpret_cast<cu::CUdeviceptr>(p));
+  } catch (const std::exception& e) {
+    log(LogTopic::jit, std::string("cuda: releasing device memory failed: ") + e.what());
+  }
 }
 inline void cuda_copy(void* dst, Device dd, const void* src, Device sd, size_t bytes) {
   if (!bytes) return;
