@@ -27,7 +27,9 @@
 // launches, copies and fills, which is what makes reuse of released blocks safe;
 // a faulting kernel is reported at the next synchronisation naming the last
 // kernel launched (KILN_HIP_SYNC=1 synchronises after every launch); devices,
-// allocators and modules are never destroyed.
+// allocators and modules are never destroyed. kiln::Storage on a hip device
+// reaches this layer through hooks the hip backend registers, as
+// runtime/cuda_backend.hpp does for cuda.
 #pragma once
 
 #include <dlfcn.h>
@@ -46,11 +48,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "kiln/core/device.hpp"
 #include "kiln/core/error.hpp"
 #include "kiln/core/hash.hpp"
 #include "kiln/core/log.hpp"
-#include "kiln/core/tensor.hpp"  // detail::gpu_probe
 #include "kiln/jit/hiprtc.hpp"
 #include "kiln/runtime/caching_allocator.hpp"
 #include "kiln/runtime/counters.hpp"
@@ -658,12 +658,19 @@ class HipDevice {
 // The device `ordinal`, set up on first use (thread-safe). Throws kiln::Error
 // when HIP is unavailable or there is no such device.
 inline HipDevice& hip_device(int ordinal = 0) {
-  device_properties(ordinal);  // validates the ordinal, or throws saying why not
-  static std::mutex mutex;
-  static std::vector<HipDevice*> devices(static_cast<size_t>(hip_device_count()), nullptr);
-  std::lock_guard lock(mutex);
-  HipDevice*& slot = devices[static_cast<size_t>(ordinal)];
-  if (slot == nullptr) slot = new HipDevice(ordinal);  // NOTE: never deleted; see the top of this file
+  struct Table {
+    std::mutex mutex;
+    std::vector<HipDevice*> devices;
+  };
+  // NOTE: the table and its devices are never deleted (see the top of this file);
+  // a buffer released during static destruction still finds its device here.
+  static Table* table = new Table{{}, std::vector<HipDevice*>(static_cast<size_t>(hip_device_count()), nullptr)};
+  if (ordinal < 0 || static_cast<size_t>(ordinal) >= table->devices.size()) {
+    device_properties(ordinal);  // throws saying why: no HIP, or no such device
+  }
+  std::lock_guard lock(table->mutex);
+  HipDevice*& slot = table->devices[static_cast<size_t>(ordinal)];
+  if (slot == nullptr) slot = new HipDevice(ordinal);
   return *slot;
 }
 
@@ -714,7 +721,7 @@ class DeviceBuffer {
  public:
   DeviceBuffer() = default;
   DeviceBuffer(size_t bytes, int device) {
-    HipDevice& dev = ::kiln::rocm::hip_device(device);
+    HipDevice& dev = hip_device(device);
     block_ = std::make_shared<Block>();
     block_->device = &dev;
     block_->size = bytes;
@@ -725,7 +732,7 @@ class DeviceBuffer {
   void* data() const { return ptr(); }
   size_t size() const { return block_ ? block_->size : 0; }
   int device() const { return block_ ? block_->device->ordinal() : -1; }
-  HipDevice& hip_device() const {
+  HipDevice& device_ref() const {
     if (!block_) throw Error("kiln: use of an empty DeviceBuffer");
     return *block_->device;
   }
@@ -768,7 +775,7 @@ inline void* offset_ptr(const DeviceBuffer& b, size_t offset) { return static_ca
 inline void copy_to_device(const DeviceBuffer& dst, const void* src, size_t bytes, size_t dst_offset = 0) {
   detail::check_range(dst, dst_offset, bytes, "copy to device");
   if (bytes == 0) return;
-  HipDevice& dev = dst.hip_device();
+  HipDevice& dev = dst.device_ref();
   dev.make_current();
   dev.check_async(
       hip_api().hipMemcpyAsync(detail::offset_ptr(dst, dst_offset), src, bytes, kMemcpyHostToDevice, dev.stream()),
@@ -780,7 +787,7 @@ inline void copy_to_device(const DeviceBuffer& dst, const void* src, size_t byte
 inline void copy_to_host(void* dst, const DeviceBuffer& src, size_t bytes, size_t src_offset = 0) {
   detail::check_range(src, src_offset, bytes, "copy to host");
   if (bytes == 0) return;
-  HipDevice& dev = src.hip_device();
+  HipDevice& dev = src.device_ref();
   dev.make_current();
   dev.check_async(
       hip_api().hipMemcpyAsync(dst, detail::offset_ptr(src, src_offset), bytes, kMemcpyDeviceToHost, dev.stream()),
@@ -798,7 +805,7 @@ inline void copy_on_device(const DeviceBuffer& dst, const DeviceBuffer& src, siz
     throw Error("kiln: copy_on_device between devices " + std::to_string(src.device()) + " and " +
                 std::to_string(dst.device()) + "; use copy_bytes with both devices");
   }
-  HipDevice& dev = dst.hip_device();
+  HipDevice& dev = dst.device_ref();
   dev.make_current();
   dev.check_async(hip_api().hipMemcpyAsync(detail::offset_ptr(dst, dst_offset), detail::offset_ptr(src, src_offset),
                                            bytes, kMemcpyDeviceToDevice, dev.stream()),
@@ -808,7 +815,7 @@ inline void copy_on_device(const DeviceBuffer& dst, const DeviceBuffer& src, siz
 // Sets every byte (queued, does not wait).
 inline void fill_bytes(const DeviceBuffer& dst, unsigned char value) {
   if (dst.size() == 0) return;
-  HipDevice& dev = dst.hip_device();
+  HipDevice& dev = dst.device_ref();
   dev.make_current();
   dev.check_async(hip_api().hipMemsetD8Async(dst.ptr(), value, dst.size(), dev.stream()), "hipMemsetD8Async");
 }
@@ -821,7 +828,7 @@ inline void fill_words(const DeviceBuffer& dst, uint32_t value) {
     throw Error("kiln: fill_words on a buffer of " + std::to_string(dst.size()) + " bytes (not a multiple of 4)");
   }
   if (dst.size() == 0) return;
-  HipDevice& dev = dst.hip_device();
+  HipDevice& dev = dst.device_ref();
   dev.make_current();
   dev.check_async(hip_api().hipMemsetD32Async(dst.ptr(), static_cast<int>(value), dst.size() / 4, dev.stream()),
                   "hipMemsetD32Async");
@@ -1055,73 +1062,5 @@ inline void flush_l2(int device = 0) {
   if (b.size() < bytes) b = DeviceBuffer(bytes, device);
   fill_words(b, 0);
 }
-
-// ---- storage hooks -------------------------------------------------------------
-
-namespace detail {
-
-// kiln::Storage on a hip device (core/device.hpp) allocates through these.
-inline void* storage_allocate(size_t bytes, int index) { return hip_device(index).allocator().allocate(bytes); }
-
-inline void storage_release(void* p, size_t, int index) {
-  if (p == nullptr) return;
-  try {
-    hip_device(index).allocator().release(p);
-  } catch (...) {  // called from ~Storage: must not throw
-  }
-}
-
-inline void storage_copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes) {
-  if (bytes == 0) return;
-  const HipApi& api = hip_api();
-  bool dst_gpu = dst_dev.kind == DeviceKind::hip, src_gpu = src_dev.kind == DeviceKind::hip;
-  if (dst_gpu && !src_gpu) {
-    HipDevice& dev = hip_device(dst_dev.index);
-    dev.make_current();
-    dev.check_async(api.hipMemcpyAsync(dst, src, bytes, kMemcpyHostToDevice, dev.stream()), "hipMemcpyAsync (H2D)");
-    dev.synchronize();
-  } else if (!dst_gpu && src_gpu) {
-    HipDevice& dev = hip_device(src_dev.index);
-    dev.make_current();
-    dev.check_async(api.hipMemcpyAsync(dst, src, bytes, kMemcpyDeviceToHost, dev.stream()), "hipMemcpyAsync (D2H)");
-    dev.synchronize();
-  } else if (dst_dev.index == src_dev.index) {
-    HipDevice& dev = hip_device(dst_dev.index);
-    dev.make_current();
-    dev.check_async(api.hipMemcpyAsync(dst, src, bytes, kMemcpyDeviceToDevice, dev.stream()), "hipMemcpyAsync (D2D)");
-  } else {
-    // The source's pending writes finish first; the copy is then ordered on the
-    // destination's stream, like any later use of the destination.
-    HipDevice& from = hip_device(src_dev.index);
-    HipDevice& to = hip_device(dst_dev.index);
-    from.synchronize();
-    to.make_current();
-    to.check_async(api.hipMemcpyPeerAsync(dst, to.ordinal(), src, from.ordinal(), bytes, to.stream()),
-                   "hipMemcpyPeerAsync");
-  }
-}
-
-// The probe another GPU runtime registered before this one, asked when there is
-// no AMD device.
-inline Device (*previous_gpu_probe)() = nullptr;
-
-inline Device hip_gpu_probe() {
-  if (hip_available()) return ::kiln::hip(0);
-  return previous_gpu_probe != nullptr ? previous_gpu_probe() : cpu();
-}
-
-// Only stores function pointers: no HIP call happens before kiln needs one.
-inline bool register_hip_storage() {
-  ::kiln::detail::memory_hooks(DeviceKind::hip) = MemoryHooks{storage_allocate, storage_release, storage_copy};
-  if (::kiln::detail::gpu_probe != hip_gpu_probe) {
-    previous_gpu_probe = ::kiln::detail::gpu_probe;
-    ::kiln::detail::gpu_probe = hip_gpu_probe;
-  }
-  return true;
-}
-
-inline const bool kHipStorageRegistered = register_hip_storage();
-
-}  // namespace detail
 
 }  // namespace kiln::rocm
