@@ -140,8 +140,9 @@ auto evaluate(Mode mode, const Es&... es) {
   auto cp = runtime::plan_for(g, mode);
   runtime::Bound b = runtime::bind_buffers(g, cp->plan);
   runtime::backend_for(g.device).run(g, *cp, b);
-  size_t i = 0;
-  auto outs = std::tuple<runtime::result_of<Es>...>{runtime::output_tensor<dtype_of<Es>, rank_of<Es>>(g, b, g.outputs[i++])...};
+  auto outs = [&]<size_t... I>(std::index_sequence<I...>) {
+    return std::tuple<runtime::result_of<Es>...>{runtime::output_tensor<dtype_of<Es>, rank_of<Es>>(g, b, g.outputs[I])...};
+  }(std::index_sequence_for<Es...>{});
   if constexpr (sizeof...(Es) == 1) return std::get<0>(outs);
   else return outs;
 }
