@@ -76,7 +76,6 @@ inline Bound bind_buffers(const ir::Graph& g, const sched::Plan& p) {
     } else if (n.op == Prim::view) {
       int c = g.arg(n, 0);
       v = apply_view(b.views[size_t(c)], n, n.dtype);
-      if (!b.storage[size_t(c)] && g.nodes[size_t(c)].op != Prim::input) b.storage[id] = nullptr;
       b.storage[id] = b.storage[size_t(c)];
     }
   }
@@ -149,7 +148,7 @@ inline KernelArgs bind_kernel(const ir::Graph& g, const sched::Kernel& k, const 
 
   if (k.kind == sched::KernelKind::matmul) {
     const ir::Node& c = g.nodes[size_t(k.stores[0].value)];
-    const ir::Node &A = g.child(c, 0), &B = g.child(c, 1);
+    const ir::Node& A = g.child(c, 0);
     int nd = c.rank;
     a.meta = {nd, A.shape[size_t(A.rank - 1)]};
     for (int i = 0; i < nd; ++i) a.meta.push_back(c.shape[size_t(i)]);
