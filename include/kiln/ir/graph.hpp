@@ -53,6 +53,8 @@ struct Graph {
   Device device = cpu();
   bool device_set = false;
   Hash128 signature{};
+  // Expressions built while tracing (autograd's): nodes' view/pad attrs point into them.
+  std::vector<std::shared_ptr<const void>> owned;
 
   int arg(const Node& n, int i) const { return args[size_t(n.arg0 + i)]; }
   const Node& child(const Node& n, int i) const { return nodes[size_t(arg(n, i))]; }
@@ -62,8 +64,46 @@ struct Graph {
 // arguments to an earlier one *is* that node.
 class Tracer {
  public:
+  // An expression kind may trace itself with a member `int trace_into(Tracer&)`
+  // (autograd's nodes do: they decide at trace time which terms exist).
+  // NOTE: memoized by address and type, so an expression shared by pointer is
+  // traced once; every expression traced must therefore outlive the trace: the
+  // caller's live through the call, and one built while tracing is kept by own().
   template <Expr E>
   int trace(const E& e) {
+    using T = std::remove_cvref_t<E>;
+    MemoKey key{&e, &kTypeTag<T>};
+    if (auto it = memo_.find(key); it != memo_.end()) return it->second;
+    int id;
+    if constexpr (requires(Tracer& t) { { e.trace_into(t) } -> std::same_as<int>; }) id = e.trace_into(*this);
+    else id = trace_node(e);
+    memo_.emplace(key, id);
+    return id;
+  }
+  // Keeps an expression built during tracing alive as long as the graph.
+  template <class E>
+  const E& own(E e) {
+    auto p = std::make_shared<const E>(std::move(e));
+    g_.owned.push_back(p);
+    return *p;
+  }
+
+ private:
+  template <class T>
+  static constexpr char kTypeTag = 0;
+  struct MemoKey {
+    const void *addr, *type;
+    bool operator==(const MemoKey&) const = default;
+  };
+  struct MemoHash {
+    size_t operator()(const MemoKey& k) const {
+      return std::hash<const void*>()(k.addr) * 31 + std::hash<const void*>()(k.type);
+    }
+  };
+  std::unordered_map<MemoKey, int, MemoHash> memo_;
+
+  template <Expr E>
+  int trace_node(const E& e) {
     using T = std::remove_cvref_t<E>;
     if constexpr (is_tensor<T>::value) {
       Node n = base<T>(Prim::input, e.sizes());
@@ -87,6 +127,7 @@ class Tracer {
     }
   }
 
+ public:
   Graph finish(std::vector<int32_t> outputs) {
     if (!g_.device_set) g_.device = default_device();  // an expression of no tensors (rand, iota)
     g_.outputs = std::move(outputs);

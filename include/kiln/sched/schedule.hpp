@@ -234,6 +234,16 @@ class Scheduler {
     });
     return deps;
   }
+  // Whether the cone of `root` (inside kernel k) reads, through a view, a buffer that
+  // kernel k stores: another element of it, which this kernel may not have written yet.
+  bool reads_own_view(int root, int k) {
+    bool hit = false;
+    walk_cone(root, k, [&](int b) {
+      if (node(b).op != Prim::view) return;
+      for (int p : producers_of(b)) hit |= p == k;
+    });
+    return hit;
+  }
   std::vector<int> producers_of(int id) {
     while (node(id).op == Prim::view && !plan_.materialize[size_t(id)]) id = g_.arg(node(id), 0);
     return producers_[size_t(id)];
@@ -313,7 +323,7 @@ class Scheduler {
         if (K.kind != KernelKind::rows || K.axes != n.axes || !same_shape(in, K.domain)) continue;
         kernel_of_[size_t(id)] = k;  // provisional: lets the cone see sibling reductions as registers
         auto deps = cone_deps(id, k);
-        if (would_cycle(deps, k)) {
+        if (would_cycle(deps, k) || reads_own_view(id, k)) {
           kernel_of_[size_t(id)] = -1;
           continue;
         }
@@ -348,7 +358,7 @@ class Scheduler {
         if (!fits) continue;
         kernel_of_[size_t(id)] = k;
         auto deps = cone_deps(id, k);
-        if (would_cycle(deps, k)) {
+        if (would_cycle(deps, k) || reads_own_view(id, k)) {
           kernel_of_[size_t(id)] = -1;
           continue;
         }
