@@ -6,6 +6,8 @@
 // signature and mode), compiles or fetches the kernels of the variant this call
 // needs (jit cache: memory, disk, compile), binds the buffers and runs the
 // kernels in order. Gives Tensors. kiln::compile(fn) wraps a callable.
+// evaluate_many takes run-time lists of expressions too (one plan for N parameters);
+// copy_into / assign write results into existing tensors (optimiser steps).
 #pragma once
 #include <mutex>
 #include <unordered_map>
@@ -159,6 +161,102 @@ template <Expr... Es>
 auto eval(const std::tuple<Es...>& t) { return evaluate(Mode::fused, t); }
 template <Expr... Es>
 auto eval_eager(const std::tuple<Es...>& t) { return evaluate(Mode::eager, t); }
+
+// ---- run-time lists of outputs, and writing results into existing tensors ----
+namespace runtime {
+template <class T>
+struct is_expr_list : std::false_type {};
+template <Expr E>
+struct is_expr_list<std::vector<E>> : std::true_type {};
+template <class A>
+concept ExprOrList = Expr<A> || is_expr_list<A>::value;
+
+template <class A>
+auto result_slot() {
+  if constexpr (Expr<A>) return result_of<A>{};
+  else return std::vector<result_of<typename A::value_type>>{};
+}
+}  // namespace runtime
+
+// Evaluates expressions and run-time lists of expressions (std::vector<E>) as ONE
+// plan: gives a tuple with a Tensor per expression and a vector of Tensors per list.
+// What a multi-tensor optimizer step needs: N parameters, one plan, one launch list.
+template <runtime::ExprOrList... As>
+auto evaluate_many(Mode mode, const As&... as) {
+  ir::Tracer t;
+  std::vector<int32_t> outs;
+  auto trace_one = [&](const auto& a) {
+    if constexpr (Expr<std::remove_cvref_t<decltype(a)>>) outs.push_back(t.trace(a));
+    else
+      for (const auto& e : a) outs.push_back(t.trace(e));
+  };
+  (trace_one(as), ...);
+  ir::Graph g = t.finish(std::move(outs));
+  auto cp = runtime::plan_for(g, mode);
+  runtime::Bound b = runtime::bind_buffers(g, cp->plan);
+  runtime::backend_for(g.device).run(g, *cp, b);
+  size_t i = 0;
+  auto take = [&]<class A>(const A& a) {
+    if constexpr (Expr<A>) {
+      return runtime::output_tensor<dtype_of<A>, rank_of<A>>(g, b, g.outputs[i++]);
+    } else {
+      using E = typename A::value_type;
+      std::vector<runtime::result_of<E>> r;
+      for (size_t k = 0; k < a.size(); ++k) r.push_back(runtime::output_tensor<dtype_of<E>, rank_of<E>>(g, b, g.outputs[i++]));
+      return r;
+    }
+  };
+  return std::tuple<decltype(runtime::result_slot<As>())...>{take(as)...};
+}
+
+// Copies src's values into dst's memory (dst's storage, offset and strides kept, so
+// every handle and view of dst sees them). Same dtype and shape.
+template <DTypeTag DT, int R>
+void copy_into(const Tensor<DT, R>& dst, const Tensor<DT, R>& src) {
+  if (dst.sizes() != src.sizes())
+    throw ShapeError("kiln: copy_into: shapes " + format_shape(dst.sizes()) + " and " + format_shape(src.sizes()));
+  if (dst.storage() == src.storage() && dst.offset() == src.offset() && dst.strides() == src.strides()) return;
+  using S = typename DT::storage;
+  if (dst.is_contiguous() && src.is_contiguous()) {
+    copy_bytes(dst.data_ptr(), dst.device(), src.data_ptr(), src.device(), size_t(dst.numel()) * sizeof(S));
+    return;
+  }
+  if (dst.device() != cpu()) throw Error("kiln: copy_into: a non-contiguous destination off the CPU");
+  Tensor<DT, R> s = src.device() == cpu() ? src : src.to(cpu());
+  if (dst.numel() == 0) return;
+  std::array<int64_t, size_t(R)> idx{};
+  S* d = static_cast<S*>(dst.data_ptr());
+  const S* p = static_cast<const S*>(s.data_ptr());
+  for (int64_t n = dst.numel(); n > 0; --n) {
+    int64_t od = 0, os = 0;
+    for (int i = 0; i < R; ++i) od += idx[size_t(i)] * dst.strides()[size_t(i)], os += idx[size_t(i)] * s.strides()[size_t(i)];
+    d[od] = p[os];
+    for (int i = R - 1; i >= 0; --i) {
+      if (++idx[size_t(i)] < dst.sizes()[size_t(i)]) break;
+      idx[size_t(i)] = 0;
+    }
+  }
+}
+
+// In-place assignment: evaluates the expressions as one plan, then writes result i
+// into dsts[i]. Reads finish before any write, so an update may read what it
+// overwrites (p = p - lr * g). dsts: a std::vector<Tensor> per list argument.
+template <class... Ds, runtime::ExprOrList... As>
+  requires(sizeof...(Ds) == sizeof...(As))
+void assign(Mode mode, const std::tuple<Ds&...>& dsts, const As&... as) {
+  auto results = evaluate_many(mode, as...);
+  [&]<size_t... I>(std::index_sequence<I...>) {
+    auto one = [](auto& dst, const auto& res) {
+      if constexpr (requires { dst.size(); res.size(); dst[0]; }) {
+        if (dst.size() != res.size()) throw Error("kiln: assign: list lengths differ");
+        for (size_t k = 0; k < dst.size(); ++k) copy_into(dst[k], res[k]);
+      } else {
+        copy_into(dst, res);
+      }
+    };
+    (one(std::get<I>(dsts), std::get<I>(results)), ...);
+  }(std::index_sequence_for<As...>{});
+}
 
 template <DTypeTag DT, int R>
 template <class E>
