@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <numeric>
 #include <random>
 #include <string>
@@ -27,7 +28,9 @@ struct Digits {
 };
 
 // Reads the gzipped CSV (64 pixel values 0..16, then the label, per line).
-inline Digits load_digits(const std::string& path = kDigitsPath) {
+// KILN_DIGITS=path overrides where the file is read from.
+inline Digits load_digits(std::string path = "") {
+  if (path.empty()) path = std::getenv("KILN_DIGITS") ? std::getenv("KILN_DIGITS") : kDigitsPath;
   Digits d;
   std::string cmd = "gzip -dc '" + path + "' 2>/dev/null";
   FILE* f = popen(cmd.c_str(), "r");

@@ -4,12 +4,15 @@
 // The public API. The pipeline, in order:
 //   expr/      capture: expressions are types, sizes are values
 //   prims/     the primitive table; composites decomposed over it
+//   autograd/  kiln::grad: reverse traversal with the gradient-rule table
 //   ir/        flatten the expression to a DAG with a structural signature
 //   sched/     group nodes into kernels (fusion)
 //   codegen/   kernel source: C++ (CPU), CUDA and HIP
 //   jit/       host compiler / NVRTC / hipRTC, content-addressed cache
 //   runtime/   bind buffers, launch, eager and compiled modes
 #pragma once
+// nn blocks and optimisers: #include <kiln/nn/modules.hpp> (not included here).
+#include "kiln/autograd/grad.hpp"
 #include "kiln/expr/expr.hpp"
 #include "kiln/prims/decomp.hpp"
 #include "kiln/runtime/cuda_backend.hpp"
