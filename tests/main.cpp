@@ -106,10 +106,14 @@ std::string_view requested_guarded_suite(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // The foundation suite re-run on a GPU (ctest entry gpu-foundation) needs a device too.
+  // The foundation suite re-run on a GPU (ctest entries gpu-foundation, hip-foundation) needs a device too.
   const char* device = std::getenv("KILN_DEVICE");
   if (device && std::string_view(device).substr(0, 4) == "cuda" && cuda_devices() == 0) {
     std::printf("[kiln] KILN_DEVICE=%s but this machine has no CUDA device: skipped\n", device);
+    return kSkipExitCode;
+  }
+  if (device && std::string_view(device).substr(0, 3) == "hip" && hip_devices() == 0) {
+    std::printf("[kiln] KILN_DEVICE=%s but this machine has no HIP device: skipped\n", device);
     return kSkipExitCode;
   }
   if (std::string_view suite = requested_guarded_suite(argc, argv); !suite.empty()) {

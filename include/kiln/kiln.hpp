@@ -17,4 +17,5 @@
 #include "kiln/prims/decomp.hpp"
 #include "kiln/runtime/cuda_backend.hpp"
 #include "kiln/runtime/eval.hpp"
+#include "kiln/runtime/hip_backend.hpp"
 #include "kiln/runtime/precompile.hpp"

@@ -166,6 +166,11 @@ class CppKernelWriter {
         std::string acc = "a" + std::to_string(id);
         s += "    " + compute_type(n.dtype) + " " + acc + " = " + reduce_identity(n.op, n.dtype) + ";\n";
         clauses += std::string(" reduction(") + (n.op == Prim::sum ? "+" : n.op == Prim::amax ? "max" : "min") + ":" + acc + ")";
+        // NOTE: OpenMP's max/min combiners drop NaN; a float amax/amin counts NaNs apart and is NaN if any.
+        if (n.op != Prim::sum && info(n.dtype).is_float) {
+          s += "    int64_t n" + std::to_string(id) + " = 0;\n";
+          clauses += " reduction(+:n" + std::to_string(id) + ")";
+        }
       }
       auto saved = ve.save();
       for (size_t i : mine) {
@@ -174,6 +179,7 @@ class CppKernelWriter {
         std::string v = ve.value(g_.arg(n, 0), body, "          ", ld, ix), acc = "a" + std::to_string(id);
         if (n.op == Prim::sum) upd += "          " + acc + " += " + v + ";\n";
         else upd += "          " + acc + " = " + v + (n.op == Prim::amax ? " > " : " < ") + acc + " ? " + v + " : " + acc + ";\n";
+        if (n.op != Prim::sum && info(n.dtype).is_float) upd += "          n" + std::to_string(id) + " += " + v + " != " + v + ";\n";
       }
       ve.restore(saved);
       s += "#pragma omp parallel for schedule(static) if (!par_rows)" + clauses + "\n";
@@ -184,7 +190,12 @@ class CppKernelWriter {
       s += "#pragma omp simd" + clauses + "\n      for (int64_t j = j0; j < j1; ++j) {\n" + body + upd + "      }\n    }\n";
       for (size_t i : mine) {
         int id = k_.reduces[i];
-        s += "    const " + compute_type(g_.nodes[size_t(id)].dtype) + " r" + std::to_string(id) + " = a" + std::to_string(id) + ";\n";
+        const ir::Node& n = g_.nodes[size_t(id)];
+        std::string t = compute_type(n.dtype), sid = std::to_string(id);
+        if (n.op != Prim::sum && info(n.dtype).is_float)
+          s += "    const " + t + " r" + sid + " = n" + sid + " ? (" + t + ")NAN : a" + sid + ";\n";
+        else
+          s += "    const " + t + " r" + sid + " = a" + sid + ";\n";
         ve.bind(id, "r" + std::to_string(id));
       }
     }

@@ -39,11 +39,22 @@ struct MemoryHooks {
 };
 
 namespace detail {
+// KILN_POISON=1 (read once; tests may also set the flag directly): every new CPU
+// allocation is filled with 0xFF bytes, a NaN in every float dtype (-1 in the
+// integer ones), so that an element a kernel forgets to write shows up in tests.
+inline bool& cpu_poison() {
+  static bool on = [] {
+    const char* e = std::getenv("KILN_POISON");
+    return e && *e && std::strcmp(e, "0") != 0;
+  }();
+  return on;
+}
 inline void* cpu_allocate(size_t bytes, int) {
   // NOTE: 64-byte alignment so that generated loops can use full-width vector loads.
   size_t n = (bytes + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, n ? n : 64);
   if (!p) throw Error("kiln: out of host memory allocating " + std::to_string(bytes) + " bytes");
+  if (cpu_poison()) std::memset(p, 0xFF, n ? n : 64);
   return p;
 }
 inline void cpu_release(void* p, size_t, int) { std::free(p); }

@@ -206,7 +206,7 @@ auto reduce_keep(const A& a, uint32_t mask) {
     if (mask & (1u << i)) {
       if (P != Prim::sum && s[i] == 0)
         throw ShapeError(std::string("kiln: ") + prim_info(P).name.data() + ": reducing an empty axis of shape " +
-                         format_shape(s));
+                         format_shape(shape_of(a)));
       s[i] = 1;
     }
   return Node<P, dtype_of<A>, rank_of<A>, ReduceAttrs, A>{{a}, s, {mask}};

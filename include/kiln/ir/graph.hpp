@@ -122,6 +122,9 @@ class Tracer {
       set_attrs(n, e.attrs);
       if constexpr (T::op == Prim::view) {
         if (int folded = fold_view(n, ids[0]); folded >= 0) return folded;
+        // A reshape that strides cannot express (of a non-contiguous leaf, or of a permuted or
+        // sliced view) reads a contiguous copy.
+        if (n.view->kind == ViewKind::reshape && !contiguous_value(ids[0])) ids[0] = copy_of(ids[0]);
       }
       return add(std::move(n), {ids.begin(), ids.end()});
     }
@@ -130,6 +133,9 @@ class Tracer {
  public:
   Graph finish(std::vector<int32_t> outputs) {
     if (!g_.device_set) g_.device = default_device();  // an expression of no tensors (rand, iota)
+    // An output that is an input tensor (or a view folded into one) is a fresh copy, not an alias.
+    for (int32_t& o : outputs)
+      if (g_.nodes[size_t(o)].op == Prim::input) o = copy_of(o);
     g_.outputs = std::move(outputs);
     sig_.add(uint32_t(g_.outputs.size()));
     for (int o : g_.outputs) sig_.add(o);
@@ -196,6 +202,23 @@ class Tracer {
       }
     }
     return add(std::move(leaf), {});
+  }
+
+  // Whether a node's value lies in row-major order: a buffer a kernel writes, or a reshape
+  // of one (this rule holds for every reshape's operand). A leaf here failed to fold: not.
+  bool contiguous_value(int id) const {
+    const Node& c = g_.nodes[size_t(id)];
+    if (c.op == Prim::input) return false;
+    return c.op != Prim::view || c.view->kind == ViewKind::reshape;
+  }
+
+  // The identity (an expand to the same shape) of a leaf or a view: a pointwise node, so a
+  // kernel writes it into a contiguous buffer of its own.
+  int copy_of(int leaf) {
+    const Node& c = g_.nodes[size_t(leaf)];
+    Node n{};
+    n.op = Prim::expand, n.dtype = c.dtype, n.rank = c.rank, n.ones = c.ones, n.shape = c.shape;
+    return add(std::move(n), {leaf});
   }
 
   int add(Node&& n, std::initializer_list<int32_t> ids) { return add(std::move(n), std::vector<int32_t>(ids)); }

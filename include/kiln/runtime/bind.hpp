@@ -163,7 +163,7 @@ inline KernelArgs bind_kernel(const ir::Graph& g, const sched::Kernel& k, const 
     }
     auto cls = [](int64_t s) { return s == 1 ? codegen::Stride::unit : codegen::Stride::any; };
     a.strides = {cls(sv[0].strides[size_t(sv[0].rank - 1)]), cls(sv[1].strides[size_t(sv[1].rank - 1)]), codegen::Stride::any};
-    a.work = c.numel() * A.shape[size_t(A.rank - 1)];
+    a.work = c.numel() * std::max<int64_t>(A.shape[size_t(A.rank - 1)], 1);  // K = 0 still writes zeros
     return a;
   }
 

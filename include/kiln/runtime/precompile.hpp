@@ -10,7 +10,9 @@
 // cached cubins / code objects, or a CompileError naming the target.
 #pragma once
 #include "kiln/jit/hiprtc.hpp"
-#include "kiln/runtime/cuda_backend.hpp"
+#include "kiln/jit/nvrtc.hpp"
+#include "kiln/runtime/gpu_backend.hpp"
+#include "kiln/runtime/hip_backend.hpp"
 
 namespace kiln::runtime::detail {
 
@@ -34,7 +36,7 @@ inline void precompile(const ir::Graph& g, const CompiledPlan& cp, const std::ve
   auto saved = kiln::counters();  // NOTE: warming other targets is not this call's compile work
   for (const std::string& t : precompile_targets()) {
     bool amd = t.rfind("gfx", 0) == 0;
-    int warp = amd && t.rfind("gfx9", 0) == 0 ? 64 : 32;
+    int warp = amd ? hip_target_warp_size(t) : 32;
     if (amd && !(jit::hiprtc_available() && jit::hiprtc_target_supported(t))) {
       log(LogTopic::jit, "precompile: skipping " + t + " (hipRTC missing or target unknown to it)");
       continue;

@@ -10,11 +10,6 @@
 #define KILN_WARP 32
 #endif
 #if defined(KILN_HIP) && defined(__AMDGCN_WAVEFRONT_SIZE)
-// Shuffles and block reductions are written for KILN_WARP lanes: a source made
-// for another wavefront size than the target's must not compile.
-static_assert(KILN_WARP == __AMDGCN_WAVEFRONT_SIZE, "kiln: KILN_WARP is not the target's wavefront size");
-#endif
-#if defined(KILN_HIP) && defined(__AMDGCN_WAVEFRONT_SIZE)
 // A wrong wavefront size would silently break every shuffle reduction: make it a compile error.
 static_assert(KILN_WARP == __AMDGCN_WAVEFRONT_SIZE, "kiln: KILN_WARP differs from the target's wavefront size");
 #endif

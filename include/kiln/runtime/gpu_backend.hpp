@@ -1,0 +1,279 @@
+// kiln — header-only C++20 tensor compiler.
+// SPDX-License-Identifier: Apache-2.0
+//
+// What the `cuda` and `hip` backends share: everything above the vendor API.
+// Takes a bound plan and a device API policy (below); picks each kernel's
+// variant from this call's strides, alignment and sizes and the device's warp
+// size; generates the plan's variant as one CUDA or HIP program
+// (codegen/gpu.hpp, the policy's dialect); compiles and loads it once per device
+// through the policy's runtime (memory, then disk, then NVRTC / hipRTC); launches
+// each kernel with its argument block on the device's stream. Also the storage
+// hooks over the policy's allocator, and the default-device probe: the first
+// CUDA GPU, else the first HIP GPU, else the CPU, whichever backends the program
+// includes and in whatever order they register.
+//
+// The device API policy (CudaDeviceApi in cuda_backend.hpp, HipDeviceApi in
+// hip_backend.hpp) is the thin layer, and the only one that names a vendor:
+//   GpuDeviceApi<kind, dialect> as its base    DeviceKind::cuda / hip, GpuDialect::cuda / hip
+//   static Device& device(int ordinal);        set up on first use, lives for the process
+//   static bool present() noexcept;            a usable device 0 exists (never throws)
+//   static void copy(void* dst, Device dd, const void* src, Device sd, size_t bytes);
+//                                              host<->device and device<->device of this kind
+// where Device has make_current(), ordinal(), properties() (warp_size,
+// sm_count), stream(), allocator() (runtime/caching_allocator.hpp) and
+// load_module(source, options, name) -> Module& with function(name) ->
+// Function, and Function has launch({x, y, z}, {x, y, z}, shared_bytes, args,
+// describe, stream). The two runtimes (cuda_runtime.hpp, hip_runtime.hpp)
+// mirror each other name for name so that this holds without adapters.
+#pragma once
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <unordered_map>
+#include <vector>
+
+#include "kiln/codegen/gpu.hpp"
+#include "kiln/core/log.hpp"
+#include "kiln/runtime/eval.hpp"
+
+namespace kiln::runtime {
+
+struct GpuDim {
+  unsigned x = 1, y = 1, z = 1;
+};
+
+struct GpuLaunch {
+  GpuDim grid, block;
+};
+
+// Variant of one kernel for this call, for a device of `warp` lanes per warp
+// (wavefront).
+inline codegen::GpuVariant gpu_variant(const ir::Graph& g, const sched::Kernel& k, const codegen::Layout& l,
+                                       const KernelArgs& a, int warp) {
+  codegen::GpuVariant v;
+  v.strides = a.strides;
+  if (k.kind == sched::KernelKind::matmul) return v;
+  int nd = int(a.meta[0]), no = int(a.meta[1]);
+  int inner_dims = k.kind == sched::KernelKind::rows ? nd - no : nd;
+  bool flat = inner_dims <= 1, any_unit = false;
+  size_t min_bytes = 16;
+  for (size_t i = 0; i < l.slots.size() && flat; ++i) {
+    if (a.strides[i] == codegen::Stride::any) flat = false;
+    if (l.slots[i].role == codegen::SlotRole::rand || a.strides[i] != codegen::Stride::unit) continue;
+    size_t es = info(g.nodes[size_t(l.slots[i].node)].dtype).bytes;
+    any_unit = true;
+    min_bytes = std::min(min_bytes, es);
+    if (reinterpret_cast<uintptr_t>(a.ptrs[i]) % 16) flat = false;
+    if (k.kind == sched::KernelKind::rows)  // every row must start aligned too
+      for (int d = 0; d < no; ++d)
+        if ((a.meta[size_t(2 + nd) + i * size_t(nd) + size_t(d)] * int64_t(es)) % 16) flat = false;
+  }
+  if (flat && any_unit) v.vec = int(16 / min_bytes);
+  if (k.kind == sched::KernelKind::rows) {
+    int64_t per_row = 1;
+    for (int d = no; d < nd; ++d) per_row *= a.meta[size_t(2 + d)];
+    v.warp_rows = per_row <= int64_t(warp) * 32;
+    // Block rows: about four V-chunks per thread; a row that fits stays in registers.
+    int64_t chunks = (per_row + std::max(v.vec, 1) - 1) / std::max(v.vec, 1);
+    int t = 64;
+    while (t < 1024 && int64_t(t) * 4 < chunks) t *= 2;
+    v.threads = t;
+    int64_t p = (chunks + t - 1) / t;
+    if (!v.warp_rows && v.vec && per_row % v.vec == 0 && p <= 8) v.persist = int(p);
+  }
+  return v;
+}
+
+// Grid and block of one kernel for this call and variant.
+inline GpuLaunch gpu_launch_shape(const sched::Kernel& k, const KernelArgs& a, const codegen::GpuVariant& v, int sm_count,
+                                  int warp) {
+  GpuLaunch L;
+  if (k.kind == sched::KernelKind::matmul) {
+    int nd = int(a.meta[0]);
+    int64_t batch = 1;
+    for (int d = 0; d + 2 < nd; ++d) batch *= a.meta[size_t(2 + d)];
+    int64_t m = a.meta[size_t(2 + nd - 2)], n = a.meta[size_t(2 + nd - 1)];
+    L.block = {256, 1, 1};
+    L.grid = {unsigned((n + 15) / 16), unsigned((m + 15) / 16), unsigned(batch)};
+    return L;
+  }
+  int nd = int(a.meta[0]), no = int(a.meta[1]);
+  if (k.kind == sched::KernelKind::rows) {
+    int64_t outer = 1, per_row = 1;
+    for (int d = 0; d < no; ++d) outer *= a.meta[size_t(2 + d)];
+    for (int d = no; d < nd; ++d) per_row *= a.meta[size_t(2 + d)];
+    if (v.warp_rows) {
+      L.block = {256, 1, 1};
+      L.grid = {unsigned((outer + 256 / warp - 1) / (256 / warp)), 1, 1};
+    } else {
+      L.block = {unsigned(v.threads), 1, 1};
+      L.grid = {unsigned(outer), 1, 1};
+    }
+    return L;
+  }
+  int64_t n = 1;
+  for (int d = 0; d < nd; ++d) n *= a.meta[size_t(2 + d)];
+  int64_t per_thread = std::max(v.vec, 1);
+  int64_t blocks = (n + 256 * per_thread - 1) / (256 * per_thread);
+  L.block = {256, 1, 1};
+  L.grid = {unsigned(std::max<int64_t>(1, std::min<int64_t>(blocks, int64_t(sm_count) * 16))), 1, 1};
+  return L;
+}
+
+// The kernel's argument struct, byte for byte: p[slots], m[meta], a[words].
+inline std::vector<uint64_t> gpu_arg_block(const ir::Graph& g, const sched::Kernel& k, const codegen::Layout& l,
+                                           const KernelArgs& a) {
+  size_t ns = std::max<size_t>(l.slots.size(), 1), nm = codegen::GpuKernelWriter::meta_words(g, k),
+         nw = size_t(std::max(l.words, 1));
+  std::vector<uint64_t> block(ns + nm + nw, 0);
+  for (size_t i = 0; i < a.ptrs.size(); ++i) block[i] = reinterpret_cast<uint64_t>(a.ptrs[i]);
+  if (a.meta.size() > nm) throw Error("kiln: internal error: kernel metadata exceeds its argument block");
+  for (size_t i = 0; i < a.meta.size(); ++i) block[ns + i] = uint64_t(a.meta[i]);
+  for (size_t i = 0; i < a.words.size(); ++i) block[ns + nm + i] = a.words[i];
+  return block;
+}
+
+inline std::string describe_kernel(const ir::Graph& g, const sched::Kernel& k) {
+  const ir::Node& d = g.nodes[size_t(k.domain)];
+  static const char* kinds[] = {"pointwise", "rows", "matmul"};
+  return std::string(kinds[int(k.kind)]) + " over " + format_shape(std::span(d.shape.data(), size_t(d.rank)));
+}
+
+// One call of a plan on a GPU: each kernel's bound arguments and variant, and
+// the key of the variant set (which program of the plan this call needs).
+struct GpuCall {
+  std::vector<KernelArgs> args;
+  std::vector<codegen::GpuVariant> vars;
+  Hash128 key;
+};
+
+inline GpuCall gpu_call(const ir::Graph& g, const CompiledPlan& cp, const Bound& b, int warp) {
+  const auto& kernels = cp.plan.kernels;
+  GpuCall c;
+  Hasher vh;
+  for (size_t k = 0; k < kernels.size(); ++k) {
+    c.args.push_back(bind_kernel(g, kernels[k], cp.layouts[k], b));
+    c.vars.push_back(gpu_variant(g, kernels[k], cp.layouts[k], c.args.back(), warp));
+    for (auto s : c.vars.back().strides) vh.add(s);
+    vh.add(c.vars.back().vec).add(c.vars.back().warp_rows).add(c.vars.back().persist);
+  }
+  c.key = vh.digest();
+  return c;
+}
+
+// What a device API policy derives from: the device kind it serves and the
+// dialect its compiler takes.
+template <DeviceKind K, codegen::GpuDialect D>
+struct GpuDeviceApi {
+  static constexpr DeviceKind kind = K;
+  static constexpr codegen::GpuDialect dialect = D;
+};
+
+// The backend of one GPU API: runs a bound plan on a device of Api::kind.
+template <class Api>
+class GpuBackend final : public Backend {
+ public:
+  using Device = std::remove_reference_t<decltype(Api::device(0))>;
+  using Function = decltype(std::declval<Device&>()
+                                .load_module(std::string(), std::vector<std::string>(), std::string())
+                                .function(std::string_view()));
+
+  void run(const ir::Graph& g, CompiledPlan& cp, const Bound& b) override {
+    Device& dev = Api::device(g.device.index);
+    dev.make_current();
+    const auto& props = dev.properties();
+    const auto& kernels = cp.plan.kernels;
+    GpuCall call = gpu_call(g, cp, b, props.warp_size);
+    auto fns = functions(g, cp, call.key, call.vars, dev);
+    for (size_t k = 0; k < kernels.size(); ++k) {
+      if (call.args[k].work == 0) continue;
+      auto block = gpu_arg_block(g, kernels[k], cp.layouts[k], call.args[k]);
+      void* params[] = {block.data()};
+      GpuLaunch L = gpu_launch_shape(kernels[k], call.args[k], call.vars[k], props.sm_count, props.warp_size);
+      fns[k].launch({L.grid.x, L.grid.y, L.grid.z}, {L.block.x, L.block.y, L.block.z}, 0, params,
+                    describe_kernel(g, kernels[k]), dev.stream());
+    }
+  }
+
+  // The program of a plan variant for a device of `warp` lanes per warp: what
+  // run() compiles (the kernels are kiln_k0, kiln_k1, ...).
+  static std::string source(const ir::Graph& g, const sched::Plan& p, const std::vector<codegen::GpuVariant>& vars,
+                            int warp) {
+    return codegen::gpu_source(Api::dialect, warp, g, p, vars);
+  }
+
+ private:
+  std::vector<Function> functions(const ir::Graph& g, CompiledPlan& cp, const Hash128& key,
+                                  const std::vector<codegen::GpuVariant>& vars, Device& dev) {
+    std::lock_guard lock(mu_);
+    Hash128 full = Hasher().add(key).add(reinterpret_cast<uintptr_t>(&cp)).add(dev.ordinal()).digest();
+    if (auto it = cache_.find(full); it != cache_.end()) return it->second;
+    auto& m = dev.load_module(source(g, cp.plan, vars, dev.properties().warp_size), {}, "kiln_plan");
+    std::vector<Function> fns;
+    for (size_t k = 0; k < cp.plan.kernels.size(); ++k) fns.push_back(m.function("kiln_k" + std::to_string(k)));
+    cache_.emplace(full, fns);
+    return fns;
+  }
+  std::mutex mu_;
+  std::unordered_map<Hash128, std::vector<Function>, Hash128Hasher> cache_;
+};
+
+namespace detail {
+
+// kiln::Storage on a device of Api::kind allocates, releases and copies through these.
+template <class Api>
+void* gpu_allocate(size_t bytes, int index) {
+  auto& dev = Api::device(index);
+  dev.make_current();
+  return reinterpret_cast<void*>(dev.allocator().allocate(bytes ? bytes : 1));
+}
+
+template <class Api>
+void gpu_release(void* p, size_t, int index) noexcept {
+  try {  // NOTE: called from ~Storage: an exception here would end the process
+    auto& allocator = Api::device(index).allocator();
+    allocator.release(reinterpret_cast<typename std::remove_reference_t<decltype(allocator)>::Pointer>(p));
+  } catch (const std::exception& e) {
+    log(LogTopic::jit, Device{Api::kind, index}.str() + ": releasing device memory failed: " + e.what());
+  }
+}
+
+template <class Api>
+void gpu_copy(void* dst, Device dd, const void* src, Device sd, size_t bytes) {
+  for (Device d : {dd, sd}) {
+    if (d.kind != DeviceKind::cpu && d.kind != Api::kind) {
+      throw Error("kiln: no direct copy from " + sd.str() + " to " + dd.str() + "; copy through the CPU (.to(kiln::cpu()))");
+    }
+  }
+  if (bytes) Api::copy(dst, dd, src, sd, bytes);
+}
+
+// Which GPU kinds this program can use, asked only when the default device is
+// first needed: one entry per backend included, in the order of preference.
+inline bool (*gpu_present[3])() noexcept = {nullptr, nullptr, nullptr};
+
+inline Device first_gpu() {
+  for (DeviceKind k : {DeviceKind::cuda, DeviceKind::hip}) {
+    if (auto present = gpu_present[int(k)]; present != nullptr && present()) return Device{k, 0};
+  }
+  return kiln::cpu();
+}
+
+// Storage hooks, backend slot and default-device probe of one GPU API. Stores
+// function pointers only: nothing is loaded or initialised before kiln needs a
+// device.
+template <class Api>
+bool register_gpu_backend() {
+  kiln::detail::memory_hooks(Api::kind) = {gpu_allocate<Api>, gpu_release<Api>, gpu_copy<Api>};
+  backend_slot(Api::kind) = std::make_unique<GpuBackend<Api>>();
+  gpu_present[int(Api::kind)] = Api::present;
+  kiln::detail::gpu_probe = first_gpu;
+  return true;
+}
+
+}  // namespace detail
+
+}  // namespace kiln::runtime

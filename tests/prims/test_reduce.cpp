@@ -1,0 +1,147 @@
+// kiln — header-only C++20 tensor compiler.
+// SPDX-License-Identifier: Apache-2.0
+//
+// The reduction rows of the primitive table (sum, amax, amin) against the float64
+// reference: every axis set of a rank-3 operand, keepdim and not, each numeric dtype,
+// contiguous and transposed operands, rows longer than one chunk, empty axes, size-1
+// dims, reductions of fused pointwise producers, NaN propagation, and the API's forms.
+#include "../support/reference.hpp"
+#include "../support/rows.hpp"
+
+using namespace kiln;
+using namespace kiln::test;
+
+namespace {
+
+// Tolerance of a reduction: a sum's error scales with sum |x| (accumulated in the compute
+// type); amax and amin pick an element, exactly.
+template <class DT>
+Tol reduce_tol(Prim p) {
+  return p == Prim::sum ? tol<DT>() : Tol{0, 0};
+}
+
+// Every reduction row of `in` over `axes`, kept and dropped, into one batch.
+template <class DT, int R, class A, size_t N>
+void add_reduce_rows(Batch& b, const A& operand, const Array& in, const std::array<int, N>& axes, const std::string& label) {
+  std::vector<int> ax(axes.begin(), axes.end());
+  for_each_row([&](auto row) {
+    constexpr Prim P = decltype(row)::value;
+    if constexpr (prim_info(P).kind == PrimKind::reduce) {
+      std::string what = std::string(prim_info(P).name) + " over " + str(Dims(axes.begin(), axes.end())) + " " + label;
+      Array scale = P == Prim::sum ? ref::abs_sum(in, ax, true) : Array{};
+      Array scale_drop = scale;
+      if (P == Prim::sum) scale_drop.shape = ref::sum(in, ax, false).shape;
+      b.check(apply_reduce_keep<P>(operand, axes), ref::reduce(P, in, ax, true), reduce_tol<DT>(P), what + ", keepdim", scale);
+      b.check(apply_reduce<P>(operand, axes), ref::reduce(P, in, ax, false), reduce_tol<DT>(P), what, scale_drop);
+    }
+  });
+}
+
+// Every row over `axes` on a contiguous and a transposed operand of each shape (one plan:
+// the shapes share a signature when none has a size-1 dim).
+template <class DT, size_t N>
+void run_axes(Rng& rng, const std::array<int, N>& axes, std::initializer_list<Shape<3>> shapes) {
+  for (Shape<3> s : shapes) {
+    Batch b;
+    auto c = input<DT, 3>(rng, s, Layout::contiguous, {-3, 3, 0.1});
+    auto t = input<DT, 3>(rng, s, Layout::transposed, {-3, 3, 0.1});
+    add_reduce_rows<DT, 3>(b, c.t, c.a, axes, "contiguous " + str(dims(s)));
+    add_reduce_rows<DT, 3>(b, t.t, t.a, axes, "transposed " + str(dims(s)));
+    b.run();
+  }
+}
+
+#define KILN_TEST_NUMERIC_DTYPES f32, f64, f16, bf16, i32, i64
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("reduce rows over every axis set of a rank-3 operand", DT, KILN_TEST_NUMERIC_DTYPES) {
+  KILN_TEST_RNG(rng);
+  // [3, 5, 9000]: rows longer than one chunk (8192) of the CPU kernels; [4, 2, 3]: tiny.
+  run_axes<DT>(rng, std::array{2}, {{5, 7, 9}, {3, 5, 9000}, {4, 2, 3}});
+  run_axes<DT>(rng, std::array{0}, {{5, 7, 9}, {9000, 2, 3}});
+  run_axes<DT>(rng, std::array{1}, {{5, 7, 9}, {2, 9000, 3}});
+  run_axes<DT>(rng, std::array{0, 2}, {{5, 7, 9}, {30, 2, 300}});
+  run_axes<DT>(rng, std::array{0, 1, 2}, {{5, 7, 9}, {3, 50, 900}});  // outer = 1: parallel over chunks
+}
+
+TEST_CASE_TEMPLATE("reduce rows: in eager mode", DT, f32, i64) {
+  KILN_TEST_RNG(rng);
+  auto x = input<DT, 3>(rng, {5, 7, 9});
+  Batch b;
+  add_reduce_rows<DT, 3>(b, x.t, x.a, std::array{1}, "contiguous [5, 7, 9]");
+  b.run(Mode::eager);
+}
+
+TEST_CASE_TEMPLATE("reduce rows: size-1 dims", DT, f32, i32) {
+  KILN_TEST_RNG(rng);
+  auto x = input<DT, 3>(rng, {5, 1, 9});
+  Batch b;
+  add_reduce_rows<DT, 3>(b, x.t, x.a, std::array{1}, "[5, 1, 9]");  // over the size-1 dim
+  add_reduce_rows<DT, 3>(b, x.t, x.a, std::array{0, 2}, "[5, 1, 9]");
+  b.run();
+  auto y = input<DT, 3>(rng, {1, 1, 1});
+  Batch b1;
+  add_reduce_rows<DT, 3>(b1, y.t, y.a, std::array{0, 1, 2}, "[1, 1, 1]");
+  b1.run();
+}
+
+TEST_CASE("reduce rows: empty operands") {
+  KILN_TEST_RNG(rng);
+  // sum over an empty axis is 0 (its identity); amax/amin over one is an error (test_errors.cpp).
+  auto x = input<f32, 3>(rng, {4, 0, 6});
+  Batch b;
+  b.check(kiln::sum(x.t, 1), ref::sum(x.a, {1}), "sum over an empty axis");
+  b.check(kiln::sum(x.t, std::array{0, 1}, keepdim), ref::sum(x.a, {0, 1}, true), "sum over an empty axis, keepdim");
+  b.check(kiln::sum(x.t), ref::sum(x.a, {0, 1, 2}), "sum of an empty tensor");
+  b.check(kiln::amax(x.t, 2), ref::amax(x.a, {2}), "amax of an empty tensor over a non-empty axis");
+  b.check(kiln::amin(x.t, 0), ref::reduce(Prim::amin, x.a, {0}), "amin of an empty tensor over a non-empty axis");
+  b.run();
+}
+
+TEST_CASE_TEMPLATE("reduce rows: NaN and infinities propagate", DT, f32, f64, bf16) {
+  KILN_TEST_RNG(rng);
+  // Rows (along the last dim) with a NaN, +inf, -inf, both infinities, or none.
+  auto x = input<DT, 2>(rng, {6, 300});
+  Array a = x.a;
+  a.at({0, 17}) = NAN;
+  a.at({1, 299}) = INFINITY;
+  a.at({2, 0}) = -INFINITY;
+  a.at({3, 5}) = INFINITY, a.at({3, 6}) = -INFINITY;
+  a.at({4, 0}) = NAN, a.at({4, 1}) = INFINITY;
+  auto t = make_tensor<DT, 2>(a);
+  Batch b;
+  add_reduce_rows<DT, 2>(b, t, a, std::array{1}, "rows with NaN and infinities");
+  b.run();
+}
+
+TEST_CASE("reduce rows: the API's forms and negative axes") {
+  KILN_TEST_RNG(rng);
+  auto x = input<f64, 3>(rng, {4, 6, 10});
+  Batch b;
+  b.check(kiln::sum(x.t), ref::sum(x.a, {0, 1, 2}), "sum(x)");
+  b.check(kiln::sum(x.t, -1), ref::sum(x.a, {2}), "sum(x, -1)");
+  b.check(kiln::amax(x.t, -3, keepdim), ref::amax(x.a, {0}, true), "amax(x, -3, keepdim)");
+  b.check(kiln::amin(x.t, std::array{-1, 0}), ref::reduce(Prim::amin, x.a, {0, 2}), "amin(x, {-1, 0})");
+  b.check(kiln::amin(x.t), ref::reduce(Prim::amin, x.a, {0, 1, 2}), "amin(x)");
+  b.check(kiln::amax(x.t), ref::amax(x.a, {0, 1, 2}), "amax(x)");
+  b.run();
+}
+
+TEST_CASE_TEMPLATE("reduce rows: of fused pointwise producers, with broadcasting", DT, f32, bf16) {
+  KILN_TEST_RNG(rng);
+  auto x = input<DT, 2>(rng, {37, 129}, Layout::transposed);
+  auto w = input<DT, 1>(rng, {129});
+  auto c = input<DT, 2>(rng, {37, 1});
+  Array prod = ref::zip(ref::zip(x.a, w.a, [](double p, double q) { return p * q; }), c.a,
+                        [](double p, double q) { return p - q; });
+  Array ex = ref::map(x.a, [](double p) { return std::exp(p); });
+  Batch b;
+  Tol t = tol<DT>().scaled(2);  // the producer rounds once in the compute type before the sum
+  b.check(kiln::sum(x.t * w.t - c.t, 1), ref::sum(prod, {1}), t, "sum(x * w - c, 1)", [&] {
+    Array s = ref::abs_sum(prod, {1});
+    return s;
+  }());
+  b.check(kiln::amax(kiln::exp(x.t), 0, keepdim), ref::amax(ex, {0}, true), t, "amax(exp(x), 0, keepdim)");
+  b.run();
+}

@@ -1,0 +1,161 @@
+// kiln — header-only C++20 tensor compiler.
+// SPDX-License-Identifier: Apache-2.0
+//
+// Fusion, asserted by counting: W1 (gelu(x*a+b) * sigmoid(x)) is one kernel; softmax,
+// log_softmax, layer_norm, rms_norm and var_mean are at most two; a subexpression used
+// twice is computed once (the trace's hash-consing); outputs of one shape share a
+// kernel; a compiled function called at ten sizes compiles once (kiln::counters());
+// eager and fused modes give the same numbers within dtype tolerance, and both match
+// the float64 reference.
+#include <algorithm>
+
+#include "../support/reference.hpp"
+
+using namespace kiln;
+using namespace kiln::test;
+
+namespace {
+
+// How many times `what` occurs in `text`.
+size_t occurrences(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+Array w1_ref(const Array& x, const Array& a, const Array& b) {
+  Array z = ref::zip3(x, a, b, [](double p, double q, double r) { return p * q + r; });
+  return ref::zip(z, x, [](double v, double p) { return ref::gelu(v) * ref::sigmoid(p); });
+}
+
+}  // namespace
+
+TEST_CASE("W1: y = gelu(x*a+b) * sigmoid(x) is one kernel, one launch") {
+  KILN_TEST_RNG(rng);
+  auto x = input<f32, 1>(rng, {100003}), a = input<f32, 1>(rng, {100003}), b = input<f32, 1>(rng, {100003});
+  auto y = kiln::gelu(x.t * a.t + b.t) * kiln::sigmoid(x.t);
+  CHECK(kernel_count(Mode::fused, y) == 1);
+  CHECK(kernel_count(Mode::eager, y) > 10);  // one per primitive
+  Counters before = counters();
+  Tensor<f32, 1> out = y;
+  CHECK(counters().kernels_launched - before.kernels_launched == 1);
+  check_close(out, w1_ref(x.a, a.a, b.a), {2e-5, 1e-6}, "W1");
+}
+
+TEST_CASE("row composites fuse: softmax, log_softmax, layer_norm, rms_norm, var_mean in at most two kernels") {
+  KILN_TEST_RNG(rng);
+  auto x = input<f32, 2>(rng, {37, 129});
+  auto w = input<f32, 1>(rng, {129}), b = input<f32, 1>(rng, {129});
+  auto [v, m] = kiln::var_mean(x.t, 1);
+  CHECK(kernel_count(Mode::fused, kiln::softmax(x.t, -1)) <= 2);
+  CHECK(kernel_count(Mode::fused, kiln::softmax(x.t, 0)) <= 2);
+  CHECK(kernel_count(Mode::fused, kiln::log_softmax(x.t, -1)) <= 2);
+  CHECK(kernel_count(Mode::fused, kiln::layer_norm(x.t, w.t, b.t)) <= 2);
+  CHECK(kernel_count(Mode::fused, kiln::rms_norm(x.t, w.t)) <= 2);
+  CHECK(kernel_count(Mode::fused, v, m) <= 2);
+  // and gelu before a softmax fuses into it
+  CHECK(kernel_count(Mode::fused, kiln::softmax(kiln::gelu(x.t * 2.0f + 1.0f), -1)) <= 2);
+  // reductions of one operand over the same axes share a kernel
+  CHECK(kernel_count(Mode::fused, kiln::sum(x.t, 1), kiln::amax(x.t, 1), kiln::amin(x.t, 1)) == 1);
+  // pointwise outputs of one shape share a kernel
+  CHECK(kernel_count(Mode::fused, x.t + 1, kiln::exp(x.t), x.t * w.t) == 1);
+}
+
+TEST_CASE("a subexpression used twice is computed once") {
+  KILN_TEST_RNG(rng);
+  auto x = input<f32, 2>(rng, {37, 129});
+  auto t = kiln::exp(x.t);
+  // The type tree holds t three times; the trace is a DAG: exp, mul, add.
+  CHECK(kernel_count(Mode::eager, t * t + t) == 3);
+  // Equal subtrees built apart are one node too.
+  CHECK(kernel_count(Mode::eager, kiln::exp(x.t) * kiln::exp(x.t)) == 2);
+  // A reduction shared by two outputs, and by two uses inside softmax, runs once.
+  auto s = kiln::sum(x.t, 1, keepdim);
+  std::string plan = explain(Mode::fused, x.t / s, x.t - s);
+  INFO(plan);
+  CHECK(occurrences(plan, "@pass") == 1);
+  std::string sm = explain(Mode::fused, kiln::softmax(x.t, 1));
+  INFO(sm);
+  CHECK(occurrences(sm, "@pass") == 2);  // amax, then sum: each once
+  // Launches equal the plan's kernels.
+  Counters before = counters();
+  auto [p, q] = kiln::eval(x.t / s, x.t - s);
+  CHECK(counters().kernels_launched - before.kernels_launched == kernel_count(Mode::fused, x.t / s, x.t - s));
+  Array sa = ref::sum(x.a, {1}, true);
+  check_close(p, ref::zip(x.a, sa, [](double a, double b) { return a / b; }), {1e-4, 1e-6}, "x / sum(x)");
+  check_close(q, ref::zip(x.a, sa, [](double a, double b) { return a - b; }), {1e-5, 1e-5}, "x - sum(x)");
+}
+
+TEST_CASE("a compiled function called at ten sizes compiles once") {
+  KILN_TEST_RNG(rng);
+  auto f = kiln::compile([](const Tensor<f32, 2>& x, const Tensor<f32, 1>& w) {
+    return kiln::softmax(kiln::gelu(x) * w, -1);  // sizes are values: one plan for all of them
+  });
+  // No size-1 dims: a size-1 dim is structure (it broadcasts), so it would be a new plan.
+  const Shape<2> sizes[] = {{2, 3}, {5, 7}, {37, 129}, {100, 3}, {3, 100}, {64, 64}, {17, 1000}, {1000, 17}, {2, 2}, {9, 8193}};
+  Counters start = counters();
+  size_t launches_per_call = 0;
+  for (size_t i = 0; i < std::size(sizes); ++i) {
+    Shape<2> s = sizes[i];
+    auto x = input<f32, 2>(rng, s);
+    auto w = input<f32, 1>(rng, {s[1]});
+    Counters before = counters();
+    Tensor<f32, 2> y = f(x.t, w.t);
+    Counters after = counters();
+    uint64_t lookups = (after.compiles - before.compiles) + (after.disk_hits - before.disk_hits) +
+                       (after.memory_hits - before.memory_hits);
+    INFO("call ", i, " at ", str(dims(s)));
+    if (i == 0) {
+      CHECK(lookups <= 1);  // compiled, or found on disk / in memory: once
+      launches_per_call = after.kernels_launched - before.kernels_launched;
+    } else {
+      CHECK(lookups == 0);  // a cache hit in the plan itself
+      CHECK(after.kernels_launched - before.kernels_launched == launches_per_call);
+    }
+    Array g = ref::zip(ref::map(x.a, [](double v) { return ref::gelu(v); }), w.a, [](double p, double q) { return p * q; });
+    check_close(y, ref::softmax(g, 1), {1e-5, 1e-6}, "compiled softmax(gelu(x) * w) at " + str(dims(s)));
+  }
+  CHECK(counters().compiles - start.compiles <= 1);
+}
+
+// ---- eager and fused agree (and both match the reference) ----
+namespace {
+
+// Eager mode stores every intermediate in the dtype, so in 16-bit floats its rounding
+// compounds: a looser tolerance there.
+template <class DT>
+Tol eager_tol() {
+  return std::is_same_v<DT, bf16> ? Tol{5e-2, 2e-2} : tol<DT>().scaled(10);
+}
+
+// `scale`: per-element magnitudes for the tolerance (a matmul's sum |a||b|), or empty.
+template <class DT, class E>
+void check_modes(const E& e, const Array& want, const std::string& what, const Array& scale = {}) {
+  auto fused = kiln::evaluate(Mode::fused, e);
+  auto eager = kiln::evaluate(Mode::eager, e);
+  const Array* sc = scale.v.empty() ? nullptr : &scale;
+  check_close(fused, want, tol<DT>().scaled(10), what + " (fused)", sc);
+  check_close(eager, want, eager_tol<DT>(), what + " (eager)", sc);
+  check_close(eager, read(fused), eager_tol<DT>(), what + ": eager against fused", sc);
+  CHECK(kernel_count(Mode::eager, e) > kernel_count(Mode::fused, e));
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("eager and fused give the same numbers", DT, f32, f64, bf16) {
+  KILN_TEST_RNG(rng);
+  auto x = input<DT, 2>(rng, {37, 129}, Layout::transposed), a = input<DT, 2>(rng, {37, 129});
+  auto b = input<DT, 1>(rng, {129});
+  auto w = input<DT, 1>(rng, {129}, Layout::contiguous, {0.5, 1.5});
+  auto m = input<DT, 2>(rng, {129, 20}, Layout::contiguous, {-1, 1});
+  check_modes<DT>(kiln::gelu(x.t * a.t + b.t) * kiln::sigmoid(x.t), w1_ref(x.a, a.a, ref::expand(b.a, {37, 129})), "W1");
+  check_modes<DT>(kiln::softmax(x.t, -1), ref::softmax(x.a, 1), "softmax");
+  check_modes<DT>(kiln::layer_norm(x.t, w.t, b.t), ref::layer_norm(x.a, w.a, b.a, 1e-5), "layer_norm");
+  Array scale;
+  Array mm = ref::matmul(x.a, m.a, &scale);
+  check_modes<DT>(kiln::relu(kiln::matmul(x.t, m.t) + 0.5), ref::map(mm, [](double v) { return std::max(v + 0.5, 0.0); }),
+                  "relu(x @ m + 0.5)", ref::map(scale, [](double v) { return v + 0.5; }));
+  Array centered = ref::zip(x.a, ref::amax(x.a, {0}, true), [](double p, double q) { return p - q; });
+  check_modes<DT>(kiln::sum(kiln::exp(x.t - kiln::amax(x.t, 0, keepdim)), 1),
+                  ref::sum(ref::map(centered, [](double v) { return std::exp(v); }), {1}), "sum(exp(x - amax(x, 0)), 1)");
+}
