@@ -181,10 +181,19 @@ int64_t storage_offset(const Tensor<DT, R>& t, const Dims& idx) {
   for (int i = 0; i < R; ++i) off += idx[size_t(i)] * t.strides()[size_t(i)];
   return off;
 }
+// The same view over a host copy of t's whole storage (t may live on a GPU).
 template <class DT, int R>
-Array read(const Tensor<DT, R>& t) {
-  Array a(dims(t.sizes()));
+Tensor<DT, R> on_host(const Tensor<DT, R>& t) {
+  if (t.device() == cpu()) return t;
+  auto host = std::make_shared<Storage>(t.storage()->bytes(), cpu());
+  copy_bytes(host->data(), cpu(), t.storage()->data(), t.device(), t.storage()->bytes());
+  return Tensor<DT, R>(host, t.offset(), t.sizes(), t.strides());
+}
+template <class DT, int R>
+Array read(const Tensor<DT, R>& t0) {
+  Array a(dims(t0.sizes()));
   if (a.numel() == 0) return a;
+  Tensor<DT, R> t = on_host(t0);
   const auto* p = t.host_data();
   for_each_index(a.shape, [&](const Dims& idx, int64_t lin) { a.v[size_t(lin)] = decode<DT>(p[storage_offset(t, idx)]); });
   return a;
@@ -304,6 +313,13 @@ Tensor<DT, R> make_tensor(const Array& values, Layout l = Layout::contiguous) {
                                       << " (layout " << name(l) << ")");
       break;
     }
+  }
+  // Inputs live on the default device (KILN_DEVICE=cuda runs the whole suite on a GPU):
+  // the same view, over a device copy of its storage.
+  if (default_device() != cpu()) {
+    auto dev = std::make_shared<Storage>(view.storage()->bytes(), default_device());
+    copy_bytes(dev->data(), default_device(), view.storage()->data(), cpu(), view.storage()->bytes());
+    return Tensor<DT, R>(dev, view.offset(), view.sizes(), view.strides());
   }
   return view;
 }
