@@ -139,6 +139,14 @@ class CppKernelWriter {
     return s + "    }\n  }\n";
   }
 
+  // A pass over one row: plain when the rows themselves run in parallel, else its chunks in
+  // parallel. NOTE: never a parallel region nested in the row loop: even one that its `if`
+  // turns off costs a libgomp team per row per pass.
+  static std::string in_rows_or_parallel(const std::string& loop, const std::string& clauses) {
+    return "    if (par_rows) {\n" + loop + "    } else {\n#pragma omp parallel for schedule(static)" + clauses + "\n" + loop +
+           "    }\n";
+  }
+
   std::string rows() {
     ValueEmitter ve(g_, k_, l_);
     std::string s;
@@ -182,12 +190,12 @@ class CppKernelWriter {
         if (n.op != Prim::sum && info(n.dtype).is_float) upd += "          n" + std::to_string(id) + " += " + v + " != " + v + ";\n";
       }
       ve.restore(saved);
-      s += "#pragma omp parallel for schedule(static) if (!par_rows)" + clauses + "\n";
-      s += "    for (int64_t c = 0; c < nchunk; ++c) {\n";
-      s += "      const int64_t ir = c / cpr, j0 = (c % cpr) * KILN_CHUNK, j1 = j0 + KILN_CHUNK < inner ? j0 + KILN_CHUNK : inner;\n";
-      s += offsets("ir", "no", "nd - 1", "i", "      ");
-      s += bases("      ", true);
-      s += "#pragma omp simd" + clauses + "\n      for (int64_t j = j0; j < j1; ++j) {\n" + body + upd + "      }\n    }\n";
+      std::string loop = "    for (int64_t c = 0; c < nchunk; ++c) {\n";
+      loop += "      const int64_t ir = c / cpr, j0 = (c % cpr) * KILN_CHUNK, j1 = j0 + KILN_CHUNK < inner ? j0 + KILN_CHUNK : inner;\n";
+      loop += offsets("ir", "no", "nd - 1", "i", "      ");
+      loop += bases("      ", true);
+      loop += "#pragma omp simd" + clauses + "\n      for (int64_t j = j0; j < j1; ++j) {\n" + body + upd + "      }\n    }\n";
+      s += in_rows_or_parallel(loop, clauses);
       for (size_t i : mine) {
         int id = k_.reduces[i];
         const ir::Node& n = g_.nodes[size_t(id)];
@@ -203,14 +211,14 @@ class CppKernelWriter {
     for (size_t i = 0; i < k_.stores.size(); ++i) any_full |= !k_.row_level_[i];
     if (any_full) {
       auto saved = ve.save();
-      s += "#pragma omp parallel for schedule(static) if (!par_rows)\n";
-      s += "    for (int64_t c = 0; c < nchunk; ++c) {\n";
-      s += "      const int64_t ir = c / cpr, j0 = (c % cpr) * KILN_CHUNK, j1 = j0 + KILN_CHUNK < inner ? j0 + KILN_CHUNK : inner;\n";
-      s += offsets("ir", "no", "nd - 1", "i", "      ");
-      s += bases("      ", true);
-      s += "#pragma omp simd\n      for (int64_t j = j0; j < j1; ++j) {\n";
-      s += stores_where(ve, "        ", [&](size_t i) { return !k_.row_level_[i]; });
-      s += "      }\n    }\n";
+      std::string loop = "    for (int64_t c = 0; c < nchunk; ++c) {\n";
+      loop += "      const int64_t ir = c / cpr, j0 = (c % cpr) * KILN_CHUNK, j1 = j0 + KILN_CHUNK < inner ? j0 + KILN_CHUNK : inner;\n";
+      loop += offsets("ir", "no", "nd - 1", "i", "      ");
+      loop += bases("      ", true);
+      loop += "#pragma omp simd\n      for (int64_t j = j0; j < j1; ++j) {\n";
+      loop += stores_where(ve, "        ", [&](size_t i) { return !k_.row_level_[i]; });
+      loop += "      }\n    }\n";
+      s += in_rows_or_parallel(loop, "");
       ve.restore(saved);
     }
     // Row-level stores: once per row, at inner index 0 (their inputs do not vary along it).

@@ -63,8 +63,10 @@ inline constexpr std::string_view kHostCxxFlags =
 // two HostModules of one cache file share code; that is fine.
 class HostModule {
  public:
+    // NOTE: RTLD_NODELETE: a kernel module may be what brought libgomp in; unloading it at exit
+    // while OpenMP worker threads idle crashes the process.
   explicit HostModule(std::string path) : path_(std::move(path)) {
-    handle_ = ::dlopen(path_.c_str(), RTLD_NOW | RTLD_LOCAL);
+    handle_ = ::dlopen(path_.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
     if (handle_ == nullptr) {
       const char* why = ::dlerror();
       throw Error("kiln: cannot load host module '" + path_ + "': " + (why ? why : "unknown dlopen error"));
