@@ -20,7 +20,7 @@ struct CudaDeviceApi : GpuDeviceApi<DeviceKind::cuda, codegen::GpuDialect::cuda>
   static cu::CudaDevice& device(int ordinal) { return cu::cuda_device(ordinal); }
   static bool present() noexcept { return cu::cuda_available() && cu::cuda_device_count() > 0; }
 
-  // Synchronous copies (the driver's cuMemcpy*), checked on the device's stream.
+  // The driver's synchronous copies (cuMemcpy*); a failure names the last kernel launched.
   static void copy(void* dst, Device dd, const void* src, Device sd, size_t bytes) {
     const cu::DriverApi& api = cu::driver();
     cu::CudaDevice& dev = device(dd.kind == DeviceKind::cuda ? dd.index : sd.index);

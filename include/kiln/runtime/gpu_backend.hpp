@@ -251,8 +251,9 @@ void gpu_copy(void* dst, Device dd, const void* src, Device sd, size_t bytes) {
   if (bytes) Api::copy(dst, dd, src, sd, bytes);
 }
 
-// Which GPU kinds this program can use, asked only when the default device is
-// first needed: one entry per backend included, in the order of preference.
+// Per DeviceKind, whether such a GPU is usable: filled in by each backend the
+// program includes, asked (cuda first, then hip) only when the default device is
+// first needed.
 inline bool (*gpu_present[3])() noexcept = {nullptr, nullptr, nullptr};
 
 inline Device first_gpu() {
