@@ -33,26 +33,20 @@ Values mm_values() {
 
 }  // namespace
 
-TEST_CASE_TEMPLATE("matmul row: odd sizes, transposed operands, K = 0", DT, KILN_TEST_NUMERIC_DTYPES) {
+TEST_CASE_TEMPLATE("matmul row: odd sizes, size-1 M, N and K, K = 0, transposed operands", DT, KILN_TEST_NUMERIC_DTYPES) {
   KILN_TEST_RNG(rng);
   Values v = mm_values<DT>();
   auto a = input<DT, 2>(rng, {37, 19}, Layout::contiguous, v), at = input<DT, 2>(rng, {37, 19}, Layout::transposed, v);
   auto b = input<DT, 2>(rng, {19, 300}, Layout::contiguous, v), bt = input<DT, 2>(rng, {19, 300}, Layout::transposed, v);
   auto bs = input<DT, 2>(rng, {19, 300}, Layout::strided, v);
   auto e0 = input<DT, 2>(rng, {5, 0}, Layout::contiguous, v), e1 = input<DT, 2>(rng, {0, 7}, Layout::contiguous, v);
-  Batch batch;  // one plan: these share a signature (no size-1 dims)
+  Batch batch;
   add_matmul(batch, a, b, "[37, 19] @ [19, 300]");
   add_matmul(batch, at, b, "transposed [37, 19] @ [19, 300]");
   add_matmul(batch, a, bt, "[37, 19] @ transposed [19, 300]");
   add_matmul(batch, at, bs, "transposed @ strided");
   add_matmul(batch, e0, e1, "[5, 0] @ [0, 7] (K = 0: zeros)");
-  batch.run();
-}
-
-TEST_CASE_TEMPLATE("matmul row: size-1 M, N and K", DT, KILN_TEST_NUMERIC_DTYPES) {
-  KILN_TEST_RNG(rng);
-  Values v = mm_values<DT>();
-  Batch batch;
+  // size-1 M, N and K (in the same plan: one compile)
   add_matmul(batch, input<DT, 2>(rng, {1, 19}, Layout::contiguous, v), input<DT, 2>(rng, {19, 300}, Layout::contiguous, v),
              "[1, 19] @ [19, 300]");
   add_matmul(batch, input<DT, 2>(rng, {37, 1}, Layout::contiguous, v), input<DT, 2>(rng, {1, 300}, Layout::contiguous, v),

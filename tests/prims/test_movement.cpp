@@ -19,16 +19,13 @@ auto combine(const A& a, const B& b) {
 }
 inline Array combine_ref(const Array& a, const Array& b) { return ref::prim(Prim::max, a, b); }
 
-}  // namespace
-
-TEST_CASE_TEMPLATE("view rows: permute, transpose, slice, reshape, unsqueeze of an expression", DT, f32, f16, i64,
-                   boolean) {
-  KILN_TEST_RNG(rng);
+// View rows: permute, transpose, slice, reshape, unsqueeze of an expression and of tensors.
+template <class DT>
+void add_views(Batch& b, Rng& rng) {
   auto x = input<DT, 3>(rng, {4, 5, 6}), y = input<DT, 3>(rng, {4, 5, 6}, Layout::transposed);
   auto e = combine(x.t, y.t);
   Array ea = combine_ref(x.a, y.a);
   auto z = input<DT, 3>(rng, {6, 4, 5});
-  Batch b;
   // views as outputs (non-contiguous results)
   b.check(kiln::permute(e, {2, 0, 1}), ref::permute(ea, {2, 0, 1}), "permute(e, {2, 0, 1})");
   b.check(kiln::transpose(e, 0, -1), ref::transpose(ea, 0, 2), "transpose(e, 0, -1)");
@@ -53,16 +50,15 @@ TEST_CASE_TEMPLATE("view rows: permute, transpose, slice, reshape, unsqueeze of 
   b.check(kiln::reshape(y.t, Shape<1>{120}), ref::reshape(y.a, {120}), "reshape of a transposed tensor, as an output");
   b.check(kiln::permute(kiln::slice(x.t, 2, 1, 6, 2), {1, 2, 0}),
           ref::permute(ref::slice(x.a, 2, 1, 6, 2), {1, 2, 0}), "permute(slice(tensor)), as an output");
-  b.run();
 }
 
-TEST_CASE_TEMPLATE("concat and pad rows", DT, f32, f16, i64, boolean) {
-  KILN_TEST_RNG(rng);
+// Concat and pad rows: tensors and expressions, empty operands, an operand twice.
+template <class DT>
+void add_concat_pad(Batch& bt, Rng& rng) {
   auto a = input<DT, 2>(rng, {3, 7}), b = input<DT, 2>(rng, {5, 7}, Layout::transposed);
   auto c = input<DT, 2>(rng, {3, 4}, Layout::strided), d = input<DT, 2>(rng, {3, 0});
   auto e = combine(a.t, c.t.slice(1, 0, 1));  // an expression operand: [3, 7]
   Array ea = combine_ref(a.a, ref::slice(c.a, 1, 0, 1));
-  Batch bt;
   bt.check(kiln::concat(0, a.t, b.t), ref::concat(0, {a.a, b.a}), "concat(0, a, b)");
   bt.check(kiln::concat(-1, e, c.t, d.t, a.t), ref::concat(1, {ea, c.a, d.a, a.a}), "concat(-1, e, c, empty, a)");
   bt.check(kiln::concat(0, e, b.t, e), ref::concat(0, {ea, b.a, ea}), "concat(0, e, b, e) (an operand twice)");
@@ -76,7 +72,16 @@ TEST_CASE_TEMPLATE("concat and pad rows", DT, f32, f16, i64, boolean) {
            combine_ref(ref::pad(ea, {1, 0}, {0, 0}, fill),
                        ref::slice(ref::concat(0, {ref::expand(ref::slice(c.a, 1, 0, 1), {3, 7}), a.a}), 0, 0, 4)),
            "pad and concat read by another kernel");
-  bt.run();
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("movement rows: view (permute, slice, reshape), concat, pad", DT, f32, f16, i64, boolean) {
+  KILN_TEST_RNG(rng);
+  Batch b;  // one plan
+  add_views<DT>(b, rng);
+  add_concat_pad<DT>(b, rng);
+  b.run();
 }
 
 TEST_CASE("expand row: size-1 dims and new leading dims, of tensors and expressions") {

@@ -37,18 +37,13 @@ void add_reduce_rows(Batch& b, const A& operand, const Array& in, const std::arr
   });
 }
 
-// Every row over `axes` on a contiguous and a transposed operand of each shape (one plan:
-// the shapes share a signature when none has a size-1 dim).
+// Every row over `axes` on a contiguous and a transposed operand of shape s.
 template <class DT, size_t N>
-void run_axes(Rng& rng, const std::array<int, N>& axes, std::initializer_list<Shape<3>> shapes) {
-  for (Shape<3> s : shapes) {
-    Batch b;
-    auto c = input<DT, 3>(rng, s, Layout::contiguous, {-3, 3, 0.1});
-    auto t = input<DT, 3>(rng, s, Layout::transposed, {-3, 3, 0.1});
-    add_reduce_rows<DT, 3>(b, c.t, c.a, axes, "contiguous " + str(dims(s)));
-    add_reduce_rows<DT, 3>(b, t.t, t.a, axes, "transposed " + str(dims(s)));
-    b.run();
-  }
+void add_axes(Batch& b, Rng& rng, const std::array<int, N>& axes, Shape<3> s) {
+  auto c = input<DT, 3>(rng, s, Layout::contiguous, {-3, 3, 0.1});
+  auto t = input<DT, 3>(rng, s, Layout::transposed, {-3, 3, 0.1});
+  add_reduce_rows<DT, 3>(b, c.t, c.a, axes, "contiguous " + str(dims(s)));
+  add_reduce_rows<DT, 3>(b, t.t, t.a, axes, "transposed " + str(dims(s)));
 }
 
 #define KILN_TEST_NUMERIC_DTYPES f32, f64, f16, bf16, i32, i64
@@ -57,12 +52,17 @@ void run_axes(Rng& rng, const std::array<int, N>& axes, std::initializer_list<Sh
 
 TEST_CASE_TEMPLATE("reduce rows over every axis set of a rank-3 operand", DT, KILN_TEST_NUMERIC_DTYPES) {
   KILN_TEST_RNG(rng);
-  // [3, 5, 9000]: rows longer than one chunk (8192) of the CPU kernels; [4, 2, 3]: tiny.
-  run_axes<DT>(rng, std::array{2}, {{5, 7, 9}, {3, 5, 9000}, {4, 2, 3}});
-  run_axes<DT>(rng, std::array{0}, {{5, 7, 9}, {9000, 2, 3}});
-  run_axes<DT>(rng, std::array{1}, {{5, 7, 9}, {2, 9000, 3}});
-  run_axes<DT>(rng, std::array{0, 2}, {{5, 7, 9}, {30, 2, 300}});
-  run_axes<DT>(rng, std::array{0, 1, 2}, {{5, 7, 9}, {3, 50, 900}});  // outer = 1: parallel over chunks
+  // Each axis set at two sizes of one plan (no size-1 dims): small, and with the reduced
+  // rows longer than one chunk (8192) of the CPU kernels, or the kept dims long.
+  for (bool large : {false, true}) {
+    Batch b;
+    add_axes<DT>(b, rng, std::array{2}, large ? Shape<3>{3, 5, 9000} : Shape<3>{5, 7, 9});
+    add_axes<DT>(b, rng, std::array{0}, large ? Shape<3>{9000, 2, 3} : Shape<3>{4, 2, 3});
+    add_axes<DT>(b, rng, std::array{1}, large ? Shape<3>{2, 9000, 3} : Shape<3>{5, 7, 9});
+    add_axes<DT>(b, rng, std::array{0, 2}, large ? Shape<3>{30, 2, 300} : Shape<3>{5, 7, 9});
+    add_axes<DT>(b, rng, std::array{0, 1, 2}, large ? Shape<3>{3, 50, 900} : Shape<3>{2, 3, 2});  // outer = 1
+    b.run();
+  }
 }
 
 TEST_CASE_TEMPLATE("reduce rows: in eager mode", DT, f32, i64) {
@@ -76,14 +76,12 @@ TEST_CASE_TEMPLATE("reduce rows: in eager mode", DT, f32, i64) {
 TEST_CASE_TEMPLATE("reduce rows: size-1 dims", DT, f32, i32) {
   KILN_TEST_RNG(rng);
   auto x = input<DT, 3>(rng, {5, 1, 9});
+  auto y = input<DT, 3>(rng, {1, 1, 1});
   Batch b;
   add_reduce_rows<DT, 3>(b, x.t, x.a, std::array{1}, "[5, 1, 9]");  // over the size-1 dim
   add_reduce_rows<DT, 3>(b, x.t, x.a, std::array{0, 2}, "[5, 1, 9]");
+  add_reduce_rows<DT, 3>(b, y.t, y.a, std::array{0, 1, 2}, "[1, 1, 1]");
   b.run();
-  auto y = input<DT, 3>(rng, {1, 1, 1});
-  Batch b1;
-  add_reduce_rows<DT, 3>(b1, y.t, y.a, std::array{0, 1, 2}, "[1, 1, 1]");
-  b1.run();
 }
 
 TEST_CASE("reduce rows: empty operands") {

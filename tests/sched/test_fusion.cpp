@@ -128,17 +128,27 @@ Tol eager_tol() {
   return std::is_same_v<DT, bf16> ? Tol{5e-2, 2e-2} : tol<DT>().scaled(10);
 }
 
-// `scale`: per-element magnitudes for the tolerance (a matmul's sum |a||b|), or empty.
-template <class DT, class E>
-void check_modes(const E& e, const Array& want, const std::string& what, const Array& scale = {}) {
-  auto fused = kiln::evaluate(Mode::fused, e);
-  auto eager = kiln::evaluate(Mode::eager, e);
-  const Array* sc = scale.v.empty() ? nullptr : &scale;
-  check_close(fused, want, tol<DT>().scaled(10), what + " (fused)", sc);
-  check_close(eager, want, eager_tol<DT>(), what + " (eager)", sc);
-  check_close(eager, read(fused), eager_tol<DT>(), what + ": eager against fused", sc);
-  CHECK(kernel_count(Mode::eager, e) > kernel_count(Mode::fused, e));
-}
+// Expressions checked in both modes: each against the reference, then eager against fused.
+template <class DT>
+struct BothModes {
+  Batch fused, eager;
+  std::vector<std::string> names;
+  std::vector<Array> scales;
+  // `scale`: per-element magnitudes for the tolerance (a matmul's sum |a||b|), or empty.
+  template <class E>
+  void add(const E& e, const Array& want, const std::string& what, const Array& scale = {}) {
+    fused.check(e, want, tol<DT>().scaled(10), what, scale);
+    eager.check(e, want, eager_tol<DT>(), what, scale);
+    names.push_back(what), scales.push_back(scale);
+    CHECK_MESSAGE(kernel_count(Mode::eager, e) > kernel_count(Mode::fused, e), what);
+  }
+  void run() {
+    std::vector<Array> f = fused.run(Mode::fused), g = eager.run(Mode::eager);
+    for (size_t i = 0; i < f.size(); ++i)
+      check_close(g[i], f[i], eager_tol<DT>(), names[i] + ": eager against fused", scales[i].v.empty() ? nullptr : &scales[i],
+                  dtype_name<DT>());
+  }
+};
 
 }  // namespace
 
@@ -148,14 +158,16 @@ TEST_CASE_TEMPLATE("eager and fused give the same numbers", DT, f32, f64, bf16) 
   auto b = input<DT, 1>(rng, {129});
   auto w = input<DT, 1>(rng, {129}, Layout::contiguous, {0.5, 1.5});
   auto m = input<DT, 2>(rng, {129, 20}, Layout::contiguous, {-1, 1});
-  check_modes<DT>(kiln::gelu(x.t * a.t + b.t) * kiln::sigmoid(x.t), w1_ref(x.a, a.a, ref::expand(b.a, {37, 129})), "W1");
-  check_modes<DT>(kiln::softmax(x.t, -1), ref::softmax(x.a, 1), "softmax");
-  check_modes<DT>(kiln::layer_norm(x.t, w.t, b.t), ref::layer_norm(x.a, w.a, b.a, 1e-5), "layer_norm");
+  BothModes<DT> both;
+  both.add(kiln::gelu(x.t * a.t + b.t) * kiln::sigmoid(x.t), w1_ref(x.a, a.a, ref::expand(b.a, {37, 129})), "W1");
+  both.add(kiln::softmax(x.t, -1), ref::softmax(x.a, 1), "softmax");
+  both.add(kiln::layer_norm(x.t, w.t, b.t), ref::layer_norm(x.a, w.a, b.a, 1e-5), "layer_norm");
   Array scale;
   Array mm = ref::matmul(x.a, m.a, &scale);
-  check_modes<DT>(kiln::relu(kiln::matmul(x.t, m.t) + 0.5), ref::map(mm, [](double v) { return std::max(v + 0.5, 0.0); }),
-                  "relu(x @ m + 0.5)", ref::map(scale, [](double v) { return v + 0.5; }));
+  both.add(kiln::relu(kiln::matmul(x.t, m.t) + 0.5), ref::map(mm, [](double v) { return std::max(v + 0.5, 0.0); }),
+           "relu(x @ m + 0.5)", ref::map(scale, [](double v) { return v + 0.5; }));
   Array centered = ref::zip(x.a, ref::amax(x.a, {0}, true), [](double p, double q) { return p - q; });
-  check_modes<DT>(kiln::sum(kiln::exp(x.t - kiln::amax(x.t, 0, keepdim)), 1),
-                  ref::sum(ref::map(centered, [](double v) { return std::exp(v); }), {1}), "sum(exp(x - amax(x, 0)), 1)");
+  both.add(kiln::sum(kiln::exp(x.t - kiln::amax(x.t, 0, keepdim)), 1),
+           ref::sum(ref::map(centered, [](double v) { return std::exp(v); }), {1}), "sum(exp(x - amax(x, 0)), 1)");
+  both.run();
 }

@@ -375,15 +375,12 @@ inline std::string fmt(double x) {
 // Checks `got` against `want` elementwise: |got - want| <= atol + rtol * (|want| or the
 // matching element of `scale`, when given: the magnitude a sum or a dot product went
 // through). NaN matches NaN, an infinity only itself. Reports the worst element.
-template <class DT, int R>
-bool check_close(const Tensor<DT, R>& got_t, const Array& want, Tol t, const std::string& what,
-                 const Array* scale = nullptr) {
-  Dims gs = dims(got_t.sizes());
-  if (gs != want.shape) {
-    FAIL_CHECK(what << ": shape " << str(gs) << ", want " << str(want.shape) << " (seed " << current_seed() << ")");
+inline bool check_close(const Array& got, const Array& want, Tol t, const std::string& what, const Array* scale = nullptr,
+                        const std::string& dtype = "") {
+  if (got.shape != want.shape) {
+    FAIL_CHECK(what << ": shape " << str(got.shape) << ", want " << str(want.shape) << " (seed " << current_seed() << ")");
     return false;
   }
-  Array got = read(got_t);
   int64_t bad = 0, worst = -1;
   double worst_ratio = 0;
   for (int64_t i = 0; i < want.numel(); ++i) {
@@ -406,12 +403,17 @@ bool check_close(const Tensor<DT, R>& got_t, const Array& want, Tol t, const std
   Dims idx(want.shape.size());
   for (int64_t r = worst, i = int64_t(idx.size()) - 1; i >= 0; --i) idx[size_t(i)] = r % want.shape[size_t(i)], r /= want.shape[size_t(i)];
   double g = got.v[size_t(worst)], w = want.v[size_t(worst)];
-  FAIL_CHECK(what << " [" << dtype_name<DT>() << " " << str(gs) << "]: " << bad << " of " << want.numel()
-                  << " elements differ; worst at " << str(idx) << ": got " << fmt(g) << ", want " << fmt(w)
+  FAIL_CHECK(what << " [" << dtype << std::string(dtype.empty() ? "" : " ") << str(got.shape) << "]: " << bad << " of "
+                  << want.numel() << " elements differ; worst at " << str(idx) << ": got " << fmt(g) << ", want " << fmt(w)
                   << " (|diff| " << fmt(std::fabs(g - w)) << ", rtol " << t.rtol << ", atol " << t.atol
                   << std::string(scale ? ", scaled" : "") << "); seed " << current_seed() << " (KILN_TEST_SEED="
                   << current_seed() << ")");
   return false;
+}
+template <class DT, int R>
+bool check_close(const Tensor<DT, R>& got, const Array& want, Tol t, const std::string& what,
+                 const Array* scale = nullptr) {
+  return check_close(read(got), want, t, what, scale, dtype_name<DT>());
 }
 template <class DT, int R>
 bool check_close(const Tensor<DT, R>& got, const Array& want, const std::string& what) {
@@ -716,7 +718,8 @@ class Batch {
     checks_.push_back([want = std::move(want), t, what = std::move(what), scale = std::move(scale)](
                           const ir::Graph& g, const runtime::Bound& b, int id, Mode mode) {
       auto out = runtime::output_tensor<dtype_of<E>, rank_of<E>>(g, b, id);
-      check_close(out, want, t, what + (mode == Mode::eager ? " (eager)" : ""), scale.shape.empty() && scale.v.empty() ? nullptr : &scale);
+      check_close(out, want, t, what + (mode == Mode::eager ? " (eager)" : ""), scale.v.empty() ? nullptr : &scale);
+      return read(out);
     });
   }
   template <Expr E>
@@ -724,8 +727,10 @@ class Batch {
     check(e, std::move(want), tol_for(dtype_of<E>::id), std::move(what));
   }
   size_t size() const { return traces_.size(); }
-  void run(Mode mode = Mode::fused) const {
-    if (traces_.empty()) return;
+  // Evaluates, checks every output, and gives them back (as read by read()).
+  std::vector<Array> run(Mode mode = Mode::fused) const {
+    std::vector<Array> got;
+    if (traces_.empty()) return got;
     ir::Tracer tr;
     std::vector<int32_t> outs;
     for (const auto& t : traces_) outs.push_back(t(tr));
@@ -733,12 +738,13 @@ class Batch {
     auto cp = runtime::plan_for(g, mode);
     runtime::Bound b = runtime::bind_buffers(g, cp->plan);
     runtime::backend_for(g.device).run(g, *cp, b);
-    for (size_t i = 0; i < checks_.size(); ++i) checks_[i](g, b, g.outputs[i], mode);
+    for (size_t i = 0; i < checks_.size(); ++i) got.push_back(checks_[i](g, b, g.outputs[i], mode));
+    return got;
   }
 
  private:
   std::vector<std::function<int(ir::Tracer&)>> traces_;
-  std::vector<std::function<void(const ir::Graph&, const runtime::Bound&, int, Mode)>> checks_;
+  std::vector<std::function<Array(const ir::Graph&, const runtime::Bound&, int, Mode)>> checks_;
 };
 
 // f(std::integral_constant<Prim, P>) for every row P of kPrims, in table order.
