@@ -5,7 +5,7 @@
 from the same machine and run: kiln compiled vs kiln eager, vs PyTorch eager and
 torch.compile, and achieved GB/s against the copy ceiling measured by kiln.
 
-usage: compare_torch.py kiln.jsonl torch/results.jsonl
+usage: compare_torch.py kiln.jsonl [torch/results.jsonl] [torch_gemm.jsonl]
 """
 import json
 import sys
@@ -20,8 +20,11 @@ def load(path):
 
 
 def main():
-    kiln, torch = load(sys.argv[1]), load(sys.argv[2]) if len(sys.argv) > 2 else []
-    ceil = next(r for r in kiln if r["type"] == "ceiling")
+    kiln = load(sys.argv[1])
+    torch = [r for path in sys.argv[2:] for r in load(path)]
+    ceil = next((r for r in kiln if r["type"] == "ceiling"), None)
+    if ceil is None:  # a GEMM-only run (KILN_BENCH_ONLY=gemm)
+        return gemm_table(kiln, torch)
     tw = {r["workload"]: r for r in torch if r.get("type") == "workload"}
     print(f"copy ceiling (kiln, same run): {ceil['copy_gbs']:.0f} GB/s; launch floor {ceil['launch_floor_us']:.2f} us; "
           f"compiled x+1 {ceil['compiled_plus_one_us']:.2f} us/call")
@@ -43,6 +46,22 @@ def main():
         fmt = lambda x: f"{x:.4f}" if isinstance(x, float) else "-"
         ratio = lambda x: f"{x / f:.2f}x" if isinstance(x, float) else "-"
         print(f"| {r['name']} | {fmt(f)} | {fmt(e)} | {fmt(te)} | {fmt(tc)} | {gbs} | {pct} | {ratio(e)} | {ratio(te)} | {ratio(tc)} |")
+    gemm_table(kiln, torch)
+
+
+def gemm_table(kiln, torch):
+    """GEMM rows of gpu_bench beside torch_gemm.py's (torch.matmul, cuBLAS) from the same run."""
+    tg = {r["name"]: r for r in torch if r.get("type") == "torch_gemm"}
+    rows = [r for r in kiln if r.get("type") == "gemm"]
+    if not rows:
+        return
+    print("| GEMM | kiln config | kiln ms | kiln TFLOP/s | torch ms | torch TFLOP/s | kiln / torch | rel. err |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        t = tg.get(r["name"])
+        tms, ttf = (f"{t['ms']:.3f}", f"{t['tflops']:.1f}") if t else ("-", "-")
+        ratio = f"{100 * r['tflops'] / t['tflops']:.1f}%" if t else "-"
+        print(f"| {r['name']} | {r['config']} | {r['ms']:.3f} | {r['tflops']:.1f} | {tms} | {ttf} | {ratio} | {r['rel_err']:.1e} |")
 
 
 if __name__ == "__main__":

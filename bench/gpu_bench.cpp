@@ -1,8 +1,8 @@
 // kiln — header-only C++20 tensor compiler.
 // SPDX-License-Identifier: Apache-2.0
 //
-// GPU rows of ../shared/bench/WORKLOADS.md (W1, W2, W3, W7, W8) on the first CUDA
-// device: kiln compiled (fused) and eager, timed with CUDA events after an L2
+// GPU rows of ../shared/bench/WORKLOADS.md (W1, W2, W3, W7, W8, and W4's GEMMs) on the
+// first CUDA device: kiln compiled (fused) and eager, timed with CUDA events after an L2
 // flush, median of many calls, outputs checked against a float64 reference first;
 // the device-to-device copy ceiling and the launch floor measured in the same run.
 // Prints a table; with an argument, writes JSON lines there (bench/compare_torch.py
@@ -66,6 +66,94 @@ struct Row {
 static std::vector<Row> rows;
 static double copy_gbs = 0;
 
+// ---- GEMM: bf16 8192^3 and the W4 GEMMs (../shared/bench/WORKLOADS.md), TFLOP/s --------
+struct GemmRow {
+  std::string name, config;
+  double ms, tflops, err;
+};
+static std::vector<GemmRow> gemm_rows;
+static void write_gemm_rows(std::ostream& out) {
+  for (const GemmRow& r : gemm_rows)
+    out << "{\"type\":\"gemm\",\"name\":\"" << r.name << "\",\"config\":\"" << r.config << "\",\"ms\":" << r.ms
+        << ",\"tflops\":" << r.tflops << ",\"rel_err\":" << r.err << "}\n";
+}
+
+// The same view (offset, sizes, strides) over a host copy of its storage.
+template <class DT, int R>
+static Tensor<DT, R> host_view(const Tensor<DT, R>& t) {
+  auto h = std::make_shared<Storage>(t.storage()->bytes(), cpu());
+  copy_bytes(h->data(), cpu(), t.storage()->data(), t.device(), t.storage()->bytes());
+  return Tensor<DT, R>(h, t.offset(), t.sizes(), t.strides());
+}
+
+// Times C = a @ b (views read in place), after checking 64 sampled elements against
+// float64 dot products: max |C - ref| / max |ref| (bf16 output: ~4e-3 expected).
+template <class DT>
+static void bench_gemm(const std::string& name, const Tensor<DT, 2>& a, const Tensor<DT, 2>& b, const std::string& config = "") {
+  int64_t M = a.sizes()[0], K = a.sizes()[1], N = b.sizes()[1];
+  Tensor<DT, 2> c = matmul(a, b);
+  auto ha = host_view(a), hb = host_view(b);
+  std::vector<double> got, ref;
+  uint64_t s = 12345;
+  for (int t = 0; t < 64; ++t) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    int64_t i = int64_t((s >> 20) % uint64_t(M)), j = int64_t((s >> 40) % uint64_t(N));
+    double r = 0;
+    for (int64_t k = 0; k < K; ++k) r += double(ha(i, k)) * double(hb(k, j));
+    ref.push_back(r), got.push_back(double(c(i, j)));
+  }
+  double ms = time_ms([&] { Tensor<DT, 2> o = matmul(a, b); }, 20);
+  double tflops = 2.0 * double(M) * double(N) * double(K) / ms / 1e9;
+  gemm_rows.push_back({name, config, ms, tflops, max_rel(got, ref)});
+  std::printf("GEMM %-34s %-26s %8.3f ms  %6.1f TFLOP/s  rel.err %.1e\n", name.c_str(), config.c_str(), ms, tflops,
+              gemm_rows.back().err);
+  std::fflush(stdout);
+}
+
+// The config the default mode picks for a matmul of these operands (what the heuristic saw).
+template <class DT>
+static std::string picked_config(const Tensor<DT, 2>& a, const Tensor<DT, 2>& b) {
+  std::string picked;
+  codegen::gemm_chooser() = [&](const codegen::GemmProblem& p) {
+    picked = codegen::gemm_heuristic(p).str();
+    return std::optional<codegen::GemmConfig>();
+  };
+  Tensor<DT, 2> c = matmul(a, b);
+  codegen::gemm_chooser() = nullptr;
+  return picked;
+}
+
+static void gemm_benches() {
+  auto rnd = [](int64_t r, int64_t c, uint64_t seed) { return Tensor<bf16, 2>(cast<bf16>(randn<f32>(Shape<2>{r, c}, seed))); };
+  {
+    Tensor<bf16, 2> a = rnd(8192, 8192, 21), b = rnd(8192, 8192, 22);
+    bench_gemm("bf16 8192^3", a, b, picked_config(a, b));
+    if (std::getenv("KILN_BENCH_GEMM_SWEEP")) {  // every candidate, forced
+      const auto& props = cu::cuda_device().properties();
+      for (const codegen::GemmConfig& cfg : codegen::gemm_candidates(DType::bf16, props.cc_major * 10 + props.cc_minor)) {
+        codegen::gemm_chooser() = [cfg](const codegen::GemmProblem&) { return std::optional(cfg); };
+        bench_gemm("bf16 8192^3 (forced)", a, b, cfg.str());
+      }
+      codegen::gemm_chooser() = nullptr;
+    }
+  }
+  {  // W4: h = x @ W1, y = h @ W2; backward dh = dy @ W2.t(), dW2 = h.t() @ dy, dx = dh @ W1.t(), dW1 = x.t() @ dh
+    Tensor<bf16, 2> x = rnd(8192, 4096, 23), W1 = rnd(4096, 16384, 24), h = rnd(8192, 16384, 25), W2 = rnd(16384, 4096, 26);
+    Tensor<bf16, 2> dy = rnd(8192, 4096, 27);
+    auto run = [&](const std::string& n, const Tensor<bf16, 2>& p, const Tensor<bf16, 2>& q) { bench_gemm(n, p, q, picked_config(p, q)); };
+    run("W4 x@W1 [8192,4096]x[4096,16384]", x, W1);
+    run("W4 h@W2 [8192,16384]x[16384,4096]", h, W2);
+    run("W4 dy@W2.t()", dy, W2.transpose(0, 1));
+    run("W4 h.t()@dy", h.transpose(0, 1), dy);
+    run("W4 dh@W1.t()", h, W1.transpose(0, 1));
+    run("W4 x.t()@dh", x.transpose(0, 1), h);
+  }
+  {  // the SIMT path: f32 (PyTorch's default fp32 matmul is not TF32)
+    Tensor<f32, 2> a = randn<f32>(Shape<2>{4096, 4096}, 28), b = randn<f32>(Shape<2>{4096, 4096}, 29);
+    bench_gemm("f32 4096^3", a, b, picked_config(a, b));
+  }
+}
+
 static void report(const Row& r) {
   rows.push_back(r);
   double gbs = r.bytes / r.fused_ms / 1e6;
@@ -81,6 +169,18 @@ int main(int argc, char** argv) {
   }
   const auto& props = cu::cuda_device().properties();
   std::printf("device: %s, %d SMs, sm_%d%d\n", props.name.c_str(), props.sm_count, props.cc_major, props.cc_minor);
+
+  // KILN_BENCH_ONLY=gemm: the GEMM rows alone (a short device lease).
+  const char* only = std::getenv("KILN_BENCH_ONLY");
+  bool all = !only || !*only;
+  if (all || std::string(only) == "gemm") gemm_benches();
+  if (!all) {
+    if (argc > 1) {
+      std::ofstream out(argv[1]);
+      write_gemm_rows(out);
+    }
+    return 0;
+  }
 
   {  // ceiling: device-to-device copy of 2 GiB, read + write counted
     size_t bytes = size_t(2) << 30;
@@ -195,6 +295,7 @@ int main(int argc, char** argv) {
       out << "{\"type\":\"kiln\",\"name\":\"" << r.name << "\",\"fused_ms\":" << r.fused_ms << ",\"eager_ms\":" << r.eager_ms
           << ",\"bytes\":" << r.bytes << ",\"rel_err\":" << r.err << ",\"kernels\":" << r.kernels << "}\n";
     out << "{\"type\":\"kiln\",\"name\":\"W7 small MLP f32\",\"fused_us\":" << w7_us << ",\"eager_us\":" << w7_eager_us << "}\n";
+    write_gemm_rows(out);
   }
   auto c = counters();
   std::printf("counters: compiles %llu, memory hits %llu, disk hits %llu, kernels launched %llu\n",

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "kiln/kiln.hpp"
+#include "../support/gpu_program.hpp"
 
 namespace {
 
@@ -48,16 +49,10 @@ Tensor<DT, R> tensor(Shape<R> sizes, uint64_t seed, Device d) {
 }
 
 // The HIP program that HipBackend::run builds for these expressions on a device
-// with `warp` lanes per wavefront: the same plan, bound arguments, variants and
-// generator; only the buffers are the CPU's (64-byte aligned, so the 16-byte
-// vector variants are chosen as they would be for fresh device buffers).
+// with `warp` lanes per wavefront (tests/support/gpu_program.hpp).
 template <class... Es>
 std::string hip_program(int warp, const Es&... es) {
-  ir::Graph g = ir::trace(es...);
-  auto cp = runtime::plan_for(g, Mode::fused);
-  runtime::Bound b = runtime::bind_buffers(g, cp->plan);
-  runtime::GpuCall call = runtime::gpu_call(g, *cp, b, warp);
-  return runtime::HipBackend::source(g, cp->plan, call.vars, warp);
+  return test::gpu_program<runtime::HipBackend>(warp, 0, 1, es...).src;
 }
 
 // A representative plan: its name and its HIP program for a wavefront size.

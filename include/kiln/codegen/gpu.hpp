@@ -15,11 +15,13 @@
 //            innermost dim and 16-byte aligned: V elements per 16-byte access;
 //   warp_rows  rows kernels: one warp per row (short rows) instead of one block;
 //   persist  rows kernels whose row fits: each thread loads its P chunks once,
-//            every pass then reads registers (one read of the input per row).
+//            every pass then reads registers (one read of the input per row);
+//   gemm     matmul kernels: the GEMM config and operand layouts (codegen/gemm.hpp).
 #pragma once
 #include <string>
 
 #include "kiln/codegen/device_files.hpp"
+#include "kiln/codegen/gemm.hpp"
 #include "kiln/codegen/kernel.hpp"
 
 namespace kiln::codegen {
@@ -32,6 +34,8 @@ struct GpuVariant {
   bool warp_rows = false;
   int persist = 0;   // rows: V-chunks per thread kept in registers across passes (the row is read once)
   int threads = 256; // rows: block size (launch only; persist depends on it)
+  GemmConfig gemm;       // matmul: tile shapes and kind
+  GemmOperands gemm_ops; // matmul: which dim of A and B is contiguous
 };
 
 inline constexpr int kGpuMaxMeta = 2 + kMaxRank + 16 * kMaxRank;
@@ -58,7 +62,7 @@ class GpuKernelWriter {
     size_t ns = std::max<size_t>(l_.slots.size(), 1), nm = meta_words(g_, k_), nw = std::max(l_.words, 1);
     std::string s = "struct " + name_ + "_args { void* p[" + std::to_string(ns) + "]; int64_t m[" + std::to_string(nm) +
                     "]; uint64_t a[" + std::to_string(nw) + "]; };\n";
-    int threads = k_.kind == sched::KernelKind::matmul ? 256 : 1024;
+    int threads = k_.kind == sched::KernelKind::matmul ? v_.gemm.threads() : 1024;
     s += "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(threads) + ") " + name_ + "(const " + name_ +
          "_args args) {\n";
     s += "  void* const* P = args.p; const int64_t* M = args.m; const uint64_t* A = args.a; (void)P; (void)A;\n";
@@ -325,26 +329,17 @@ class GpuKernelWriter {
     return s;
   }
 
-  // A correct tiled matmul (16x16 shared-memory tiles); the tensor-core templates replace it per the matmul issue.
   std::string matmul() {
     DType d = g_.nodes[size_t(k_.stores[0].value)].dtype;
-    std::string acc = d == DType::f64 ? "double" : info(d).is_float ? "float" : "int64_t", st = storage_type(d);
-    std::string s;
-    s += "  const int nd = (int)M[0];\n  const int64_t K = M[1];\n  const int64_t* sz = M + 2;\n";
-    s += "  const int64_t* sa = sz + nd; const int64_t* sb = sa + nd; const int64_t* sc = sb + nd;\n";
-    s += "  const " + st + "* A0 = (const " + st + "*)P[0]; const " + st + "* B0 = (const " + st + "*)P[1]; " + st + "* C0 = (" + st + "*)P[2];\n";
-    s += "  const int64_t Mr = sz[nd - 2], N = sz[nd - 1];\n";
-    s += "  int64_t oa = 0, ob = 0, oc = 0;\n  { int64_t rr = blockIdx.z; for (int d = nd - 3; d >= 0; --d) { const int64_t ix = rr % sz[d]; rr /= sz[d]; oa += ix * sa[d]; ob += ix * sb[d]; oc += ix * sc[d]; } }\n";
-    s += "  __shared__ " + acc + " As[16][17], Bs[16][17];\n";
-    s += "  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;\n";
-    s += "  const int64_t row = (int64_t)blockIdx.y * 16 + ty, col = (int64_t)blockIdx.x * 16 + tx;\n";
-    s += "  " + acc + " c = 0;\n";
-    s += "  for (int64_t k0 = 0; k0 < K; k0 += 16) {\n";
-    s += "    As[ty][tx] = (row < Mr && k0 + tx < K) ? (" + acc + ")" + to_compute(d, "A0[oa + row * sa[nd - 2] + (k0 + tx) * sa[nd - 1]]") + " : (" + acc + ")0;\n";
-    s += "    Bs[ty][tx] = (k0 + ty < K && col < N) ? (" + acc + ")" + to_compute(d, "B0[ob + (k0 + ty) * sb[nd - 2] + col * sb[nd - 1]]") + " : (" + acc + ")0;\n";
-    s += "    __syncthreads();\n#pragma unroll\n    for (int k = 0; k < 16; ++k) c += As[ty][k] * Bs[k][tx];\n    __syncthreads();\n  }\n";
-    s += "  if (row < Mr && col < N) C0[oc + row * sc[nd - 2] + col * sc[nd - 1]] = " + to_storage(d, "c") + ";\n";
-    return s;
+    return GemmWriter(v_.gemm, v_.gemm_ops, d, [&](const std::string& row, const std::string& col, const std::string& v) {
+             return matmul_store(d, row, col, v);
+           }).body();
+  }
+  // The one place a matmul kernel writes C[row, col] (value v in the compute type);
+  // oc is the batch's offset into C.
+  std::string matmul_store(DType d, const std::string& row, const std::string& col, const std::string& v) const {
+    std::string st = storage_type(d);
+    return "((" + st + "*)P[2])[oc + (" + row + ") * sc[nd - 2] + (" + col + ") * sc[nd - 1]] = " + to_storage(d, v) + ";";
   }
 
   const ir::Graph& g_;
@@ -358,6 +353,11 @@ class GpuKernelWriter {
 inline std::string gpu_source(GpuDialect dialect, int warp_size, const ir::Graph& g, const sched::Plan& plan,
                               const std::vector<GpuVariant>& variants) {
   std::string src = gpu_prelude(dialect, warp_size);
+  for (const GpuVariant& v : variants)
+    if (v.gemm.kind == GemmKind::mma) {
+      src += detail::read_device_file("gemm_mma.cuh");
+      break;
+    }
   for (size_t k = 0; k < plan.kernels.size(); ++k)
     src += "\n" + GpuKernelWriter(g, plan.kernels[k], int(k), variants[k]).write();
   return src;

@@ -40,7 +40,7 @@ struct MemoryHooks {
 
 namespace detail {
 // KILN_POISON=1 (read once; tests may also set the flag directly): every new CPU
-// allocation is filled with 0xFF bytes, a NaN in every float dtype (-1 in the
+// allocation (and GPU allocation, runtime/gpu_backend.hpp) is filled with 0xFF bytes, a NaN in every float dtype (-1 in the
 // integer ones), so that an element a kernel forgets to write shows up in tests.
 inline bool& cpu_poison() {
   static bool on = [] {

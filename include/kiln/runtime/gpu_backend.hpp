@@ -47,15 +47,54 @@ struct GpuDim {
 
 struct GpuLaunch {
   GpuDim grid, block;
+  unsigned shared_bytes = 0;  // dynamic shared memory
 };
 
+// What the GEMM config choice sees of one matmul call (bind.hpp's matmul meta).
+// Tensor cores need each operand contiguous along one matrix dim, 16-byte aligned
+// at every row and batch start (a dim of size 1 has no rows to align).
+inline codegen::GemmProblem gemm_problem(const ir::Graph& g, const sched::Kernel& k, const KernelArgs& a, int arch,
+                                         int sm_count) {
+  codegen::GemmProblem p;
+  int nd = int(a.meta[0]);
+  auto size = [&](int d) { return a.meta[size_t(2 + d)]; };
+  auto stride = [&](int slot, int d) { return a.meta[size_t(2 + nd + slot * nd + d)]; };
+  p.k = a.meta[1], p.m = size(nd - 2), p.n = size(nd - 1);
+  for (int d = 0; d + 2 < nd; ++d) p.batch *= size(d);
+  p.dtype = g.nodes[size_t(k.stores[0].value)].dtype;
+  p.arch = arch, p.sm_count = std::max(sm_count, 1);
+  // A [M, K]: K-major when K is contiguous (or M is 1); B [K, N]: K-major when K is contiguous and N is not.
+  p.ops.a_k_major = stride(0, nd - 1) == 1 || p.k == 1 || (p.m != 1 && stride(0, nd - 2) != 1);
+  p.ops.b_k_major = stride(1, nd - 2) == 1 && p.k != 1 && !(stride(1, nd - 1) == 1 && p.n != 1);
+  int64_t es = int64_t(info(p.dtype).bytes);
+  bool ok = true;
+  auto inner_ok = [&](int slot, int d, int64_t extent) { return extent == 1 || stride(slot, d) == 1; };
+  auto outer_ok = [&](int slot, int d, int64_t extent) { return extent == 1 || (stride(slot, d) * es) % 16 == 0; };
+  if (p.ops.a_k_major) ok = inner_ok(0, nd - 1, p.k) && outer_ok(0, nd - 2, p.m);
+  else ok = inner_ok(0, nd - 2, p.m) && outer_ok(0, nd - 1, p.k);
+  if (p.ops.b_k_major) ok = ok && inner_ok(1, nd - 2, p.k) && outer_ok(1, nd - 1, p.n);
+  else ok = ok && inner_ok(1, nd - 1, p.n) && outer_ok(1, nd - 2, p.k);
+  for (int s = 0; s < 2; ++s) {
+    ok = ok && reinterpret_cast<uintptr_t>(a.ptrs[size_t(s)]) % 16 == 0;
+    for (int d = 0; d + 2 < nd; ++d) ok = ok && (stride(s, d) * es) % 16 == 0;
+  }
+  p.tensor_ok = ok;
+  return p;
+}
+
 // Variant of one kernel for this call, for a device of `warp` lanes per warp
-// (wavefront).
+// (wavefront), of NVIDIA compute capability `arch` (0: another vendor) with
+// `sm_count` multiprocessors.
 inline codegen::GpuVariant gpu_variant(const ir::Graph& g, const sched::Kernel& k, const codegen::Layout& l,
-                                       const KernelArgs& a, int warp) {
+                                       const KernelArgs& a, int warp, int arch = 0, int sm_count = 1) {
   codegen::GpuVariant v;
   v.strides = a.strides;
-  if (k.kind == sched::KernelKind::matmul) return v;
+  if (k.kind == sched::KernelKind::matmul) {
+    codegen::GemmProblem p = gemm_problem(g, k, a, arch, sm_count);
+    v.gemm = codegen::gemm_choose(p);
+    v.gemm_ops = p.ops;
+    return v;
+  }
   int nd = int(a.meta[0]), no = int(a.meta[1]);
   int inner_dims = k.kind == sched::KernelKind::rows ? nd - no : nd;
   bool flat = inner_dims <= 1, any_unit = false;
@@ -96,8 +135,10 @@ inline GpuLaunch gpu_launch_shape(const sched::Kernel& k, const KernelArgs& a, c
     int64_t batch = 1;
     for (int d = 0; d + 2 < nd; ++d) batch *= a.meta[size_t(2 + d)];
     int64_t m = a.meta[size_t(2 + nd - 2)], n = a.meta[size_t(2 + nd - 1)];
-    L.block = {256, 1, 1};
-    L.grid = {unsigned((n + 15) / 16), unsigned((m + 15) / 16), unsigned(batch)};
+    const codegen::GemmConfig& c = v.gemm;
+    L.block = {unsigned(c.threads()), 1, 1};
+    L.grid = {unsigned(((m + c.bm - 1) / c.bm) * ((n + c.bn - 1) / c.bn)), 1, unsigned(batch)};
+    L.shared_bytes = unsigned(codegen::gemm_shared_bytes(c, v.gemm_ops));
     return L;
   }
   int nd = int(a.meta[0]), no = int(a.meta[1]);
@@ -150,15 +191,19 @@ struct GpuCall {
   Hash128 key;
 };
 
-inline GpuCall gpu_call(const ir::Graph& g, const CompiledPlan& cp, const Bound& b, int warp) {
+inline GpuCall gpu_call(const ir::Graph& g, const CompiledPlan& cp, const Bound& b, int warp, int arch = 0, int sm_count = 1) {
   const auto& kernels = cp.plan.kernels;
   GpuCall c;
   Hasher vh;
   for (size_t k = 0; k < kernels.size(); ++k) {
     c.args.push_back(bind_kernel(g, kernels[k], cp.layouts[k], b));
-    c.vars.push_back(gpu_variant(g, kernels[k], cp.layouts[k], c.args.back(), warp));
-    for (auto s : c.vars.back().strides) vh.add(s);
-    vh.add(c.vars.back().vec).add(c.vars.back().warp_rows).add(c.vars.back().persist);
+    c.vars.push_back(gpu_variant(g, kernels[k], cp.layouts[k], c.args.back(), warp, arch, sm_count));
+    const codegen::GpuVariant& v = c.vars.back();
+    for (auto s : v.strides) vh.add(s);
+    vh.add(v.vec).add(v.warp_rows).add(v.persist);
+    const codegen::GemmConfig& gc = v.gemm;
+    vh.add(int(gc.kind)).add(gc.bm).add(gc.bn).add(gc.bk).add(gc.wm).add(gc.wn).add(gc.stages);
+    vh.add(v.gemm_ops.a_k_major).add(v.gemm_ops.b_k_major);
   }
   c.key = vh.digest();
   return c;
@@ -186,14 +231,15 @@ class GpuBackend final : public Backend {
     dev.make_current();
     const auto& props = dev.properties();
     const auto& kernels = cp.plan.kernels;
-    GpuCall call = gpu_call(g, cp, b, props.warp_size);
+    GpuCall call = gpu_call(g, cp, b, props.warp_size, Api::dialect == codegen::GpuDialect::cuda ? props.cc_major * 10 + props.cc_minor : 0,
+                            props.sm_count);
     auto fns = functions(g, cp, call.key, call.vars, dev);
     for (size_t k = 0; k < kernels.size(); ++k) {
       if (call.args[k].work == 0) continue;
       auto block = gpu_arg_block(g, kernels[k], cp.layouts[k], call.args[k]);
       void* params[] = {block.data()};
       GpuLaunch L = gpu_launch_shape(kernels[k], call.args[k], call.vars[k], props.sm_count, props.warp_size);
-      fns[k].launch({L.grid.x, L.grid.y, L.grid.z}, {L.block.x, L.block.y, L.block.z}, 0, params,
+      fns[k].launch({L.grid.x, L.grid.y, L.grid.z}, {L.block.x, L.block.y, L.block.z}, L.shared_bytes, params,
                     describe_kernel(g, kernels[k]), dev.stream());
     }
   }
@@ -228,7 +274,12 @@ template <class Api>
 void* gpu_allocate(size_t bytes, int index) {
   auto& dev = Api::device(index);
   dev.make_current();
-  return reinterpret_cast<void*>(dev.allocator().allocate(bytes ? bytes : 1));
+  void* p = reinterpret_cast<void*>(dev.allocator().allocate(bytes ? bytes : 1));
+  if (kiln::detail::cpu_poison() && bytes) {  // tests: a device element a kernel forgets to write reads as NaN
+    std::vector<unsigned char> ff(bytes, 0xFF);
+    Api::copy(p, Device{Api::kind, index}, ff.data(), kiln::cpu(), bytes);
+  }
+  return p;
 }
 
 template <class Api>

@@ -50,7 +50,8 @@ inline void precompile(const ir::Graph& g, const CompiledPlan& cp, const std::ve
       std::vector<codegen::GpuVariant> vars;
       bool has_rows = false;
       for (size_t k = 0; k < cp.plan.kernels.size(); ++k) {
-        vars.push_back(gpu_variant(g, cp.plan.kernels[k], cp.layouts[k], args[k], warp));
+        // NOTE: an NVIDIA target gets its tensor-core GEMMs; 132 SMs (an H100/H200) for the config choice.
+        vars.push_back(gpu_variant(g, cp.plan.kernels[k], cp.layouts[k], args[k], warp, amd ? 0 : std::stoi(t.substr(3)), 132));
         if (cp.plan.kernels[k].kind == sched::KernelKind::rows && pass == 1) vars.back().warp_rows ^= true, vars.back().persist = 0;
         has_rows |= cp.plan.kernels[k].kind == sched::KernelKind::rows;
       }

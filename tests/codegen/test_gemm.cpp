@@ -1,0 +1,302 @@
+// kiln — header-only C++20 tensor compiler.
+// SPDX-License-Identifier: Apache-2.0
+//
+// The GPU GEMM (codegen/gemm.hpp): the config choice and the layout/alignment facts
+// on the CPU; every candidate config compiling through NVRTC (sm_80, sm_90) and
+// hipRTC (gfx90a, gfx908, gfx1030); and on a GPU, the tensor-core and SIMT kernels
+// against the float64 reference over odd sizes, K not a multiple of the tile,
+// partial 16-byte chunks (K-sliced views), transposed operands read in place,
+// broadcast batches, every float dtype, each candidate config forced in turn.
+#include <atomic>
+#include <thread>
+
+#include "../support/gpu_program.hpp"
+#include "../support/reference.hpp"
+
+using namespace kiln;
+using namespace kiln::test;
+using codegen::GemmConfig;
+using codegen::GemmKind;
+using codegen::GemmProblem;
+
+namespace {
+
+// Installs a chooser for the scope: forces `forced` (if any) and records what it saw.
+struct GemmHook {
+  std::vector<GemmProblem> seen;
+  explicit GemmHook(std::optional<GemmConfig> forced = std::nullopt) {
+    codegen::gemm_chooser() = [this, forced](const GemmProblem& p) {
+      seen.push_back(p);
+      return forced;
+    };
+  }
+  ~GemmHook() { codegen::gemm_chooser() = nullptr; }
+  GemmHook(const GemmHook&) = delete;
+  GemmHook& operator=(const GemmHook&) = delete;
+};
+
+template <class DT, int R>
+Tensor<DT, R> det(Shape<R> s, uint64_t seed) {  // deterministic CPU tensor (for programs only)
+  return Tensor<DT, R>::from(s, std::vector<double>(size_t(numel(s)), 0.5 + double(seed)), cpu());
+}
+
+// What CudaBackend::run builds on an sm_<arch> device of 132 SMs (an H100/H200).
+template <class... Es>
+GpuProgram cuda_program(int arch, const Es&... es) {
+  return gpu_program<runtime::CudaBackend>(32, arch, 132, es...);
+}
+
+GemmProblem problem(int64_t m, int64_t n, int64_t k, DType d, bool ok, int arch) {
+  GemmProblem p;
+  p.m = m, p.n = n, p.k = k, p.dtype = d, p.tensor_ok = ok, p.arch = arch, p.sm_count = 132;
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("gemm config choice: tensor cores only where dtype, architecture and layout allow; forced configs obey") {
+  GemmConfig big = codegen::gemm_heuristic(problem(8192, 8192, 8192, DType::bf16, true, 90));
+  CHECK(big.kind == GemmKind::mma);
+  CHECK(big.bm * big.bn >= 128 * 256);
+  CHECK(codegen::gemm_heuristic(problem(64, 64, 64, DType::f16, true, 80)).bm == 64);  // few tiles: the smallest
+  CHECK(codegen::gemm_heuristic(problem(8192, 8192, 8192, DType::bf16, false, 90)).kind == GemmKind::simt);
+  CHECK(codegen::gemm_heuristic(problem(8192, 8192, 8192, DType::bf16, true, 75)).kind == GemmKind::simt);
+  CHECK(codegen::gemm_heuristic(problem(8192, 8192, 8192, DType::bf16, true, 0)).kind == GemmKind::simt);
+  CHECK(codegen::gemm_heuristic(problem(8192, 8192, 8192, DType::f32, true, 90)).kind == GemmKind::simt);
+  for (DType d : {DType::bf16, DType::f16, DType::f32, DType::f64, DType::i32, DType::i64})
+    for (int arch : {0, 80, 90})
+      for (const GemmConfig& c : codegen::gemm_candidates(d, arch)) {
+        CAPTURE(c.str());
+        CHECK(c.bm % c.wm == 0);
+        CHECK(c.bn % c.wn == 0);
+        CHECK(c.threads() <= 1024);
+        if (c.kind == GemmKind::mma) {
+          CHECK(c.wm % 16 == 0);
+          CHECK(c.wn % 16 == 0);
+          CHECK(c.bk % 16 == 0);
+          CHECK(c.stages >= 2);
+          for (bool ak : {false, true})
+            for (bool bk : {false, true}) CHECK(codegen::gemm_shared_bytes(c, {ak, bk}) <= 227u * 1024);
+        }
+      }
+  // A forced tensor-core config on operands that cannot take it falls back to SIMT.
+  GemmConfig mma = codegen::gemm_candidates(DType::bf16, 90).front();
+  {
+    GemmHook force(mma);
+    CHECK(codegen::gemm_choose(problem(100, 100, 100, DType::bf16, true, 90)) == mma);
+    CHECK(codegen::gemm_choose(problem(100, 100, 100, DType::bf16, false, 90)).kind == GemmKind::simt);
+    CHECK(codegen::gemm_choose(problem(100, 100, 100, DType::f32, true, 90)).kind == GemmKind::simt);
+  }
+  CHECK(!codegen::gemm_chooser());
+}
+
+TEST_CASE("gemm layout facts: K-major or M/N-major operands, 16-byte rows, else no tensor cores") {
+  auto a = det<bf16, 2>({64, 40}, 1), b = det<bf16, 2>({40, 24}, 2);
+  auto at = det<bf16, 2>({40, 64}, 3).transpose(0, 1), bt = det<bf16, 2>({24, 40}, 4).transpose(0, 1);
+  auto odd = det<bf16, 2>({64, 39}, 5), odd_b = det<bf16, 2>({39, 24}, 6);
+  auto sliced = det<bf16, 2>({64, 48}, 7).slice(1, 0, 39);  // K = 39 over rows of 48: aligned rows, a partial chunk
+  GpuProgram p = cuda_program(90, matmul(a, b), matmul(at, b), matmul(a, bt), matmul(at, bt), matmul(odd, odd_b),
+                           matmul(sliced, odd_b), matmul(cast<f32>(a), cast<f32>(b)));
+  std::vector<codegen::GpuVariant> mm = p.matmuls();
+  REQUIRE(mm.size() == 7);
+  auto ops = [](const codegen::GpuVariant& v) { return std::pair{v.gemm_ops.a_k_major, v.gemm_ops.b_k_major}; };
+  CHECK(ops(mm[0]) == std::pair{true, false});
+  CHECK(ops(mm[1]) == std::pair{false, false});
+  CHECK(ops(mm[2]) == std::pair{true, true});
+  CHECK(ops(mm[3]) == std::pair{false, true});
+  for (int i = 0; i < 4; ++i) CHECK(mm[size_t(i)].gemm.kind == GemmKind::mma);
+  CHECK(mm[4].gemm.kind == GemmKind::simt);  // rows of 39 bf16: not 16-byte aligned
+  CHECK(mm[5].gemm.kind == GemmKind::mma);   // K = 39 of rows of 48: aligned rows, the copies zero-fill past K
+  CHECK(mm[6].gemm.kind == GemmKind::simt);  // f32: SIMT (PyTorch's default fp32 matmul is not TF32)
+  CHECK(p.src.find("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32") != std::string::npos);
+  CHECK(p.src.find("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16") != std::string::npos);
+  GpuProgram older = cuda_program(75, matmul(a, b));
+  CHECK(older.src.find("mma.sync") == std::string::npos);
+}
+
+TEST_SUITE("nvrtc") {
+
+TEST_CASE("every GEMM candidate config compiles for sm_80 and sm_90 (all four operand layouts, both mma dtypes)") {
+  if (!jit::nvrtc_available()) {
+    MESSAGE("NVRTC not found: skipped");
+    return;
+  }
+  // Two kernels cover every ldmatrix form: (A K-major, B N-major) bf16 and (A M-major, B K-major) f16.
+  auto a = det<bf16, 2>({64, 32}, 1), b = det<bf16, 2>({32, 64}, 2);
+  auto ht = det<f16, 2>({32, 64}, 3).transpose(0, 1), hbt = det<f16, 2>({64, 32}, 4).transpose(0, 1);
+  auto f = det<f32, 2>({33, 17}, 7), fb = det<f32, 2>({17, 9}, 8);
+  auto d = det<f64, 2>({33, 17}, 9), db = det<f64, 2>({9, 17}, 10).transpose(0, 1);
+  auto i = det<i32, 2>({33, 17}, 11), ib = det<i32, 2>({17, 9}, 12);
+  struct Job {
+    int arch;
+    GemmConfig config;
+    std::string src;
+  };
+  std::vector<Job> jobs;
+  for (int arch : {80, 90}) {
+    for (const GemmConfig& c : codegen::gemm_candidates(DType::bf16, arch)) {
+      GemmHook force(c);
+      GpuProgram p = cuda_program(arch, matmul(a, b), matmul(ht, hbt));
+      CAPTURE(c.str());
+      for (const auto& v : p.matmuls()) CHECK(v.gemm == c);
+      jobs.push_back({arch, c, p.src});
+    }
+    for (const GemmConfig& c : codegen::gemm_candidates(DType::f32, arch)) {  // SIMT: every dtype it serves
+      GemmHook force(c);
+      jobs.push_back({arch, c, cuda_program(arch, matmul(f, fb), matmul(d, db), matmul(i, ib)).src});
+    }
+  }
+  // NOTE: one program per config and architecture, two compiles at a time (CI has two cores).
+  std::vector<int> sm(jobs.size(), -1);
+  std::vector<std::string> errors(jobs.size());
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t q; (q = next++) < jobs.size();) {
+      try {
+        sm[q] = jit::cubin_sm(jit::nvrtc_compile(jobs[q].src, "kiln_gemm", jobs[q].arch / 10, jobs[q].arch % 10));
+      } catch (const std::exception& e) {
+        errors[q] = e.what();
+      }
+    }
+  };
+  std::thread helper(worker);
+  worker();
+  helper.join();
+  for (size_t q = 0; q < jobs.size(); ++q) {
+    CAPTURE(jobs[q].config.str());
+    CAPTURE(errors[q]);
+    CHECK(sm[q] == jobs[q].arch);
+  }
+}
+
+}  // TEST_SUITE("nvrtc")
+
+TEST_SUITE("hiprtc") {
+
+TEST_CASE("the GEMM's SIMT configs compile through hipRTC for gfx90a, gfx908 and gfx1030") {
+  if (!jit::hiprtc_available()) {
+    MESSAGE("hipRTC not found: skipped");
+    return;
+  }
+  auto a = det<bf16, 2>({64, 32}, 1), b = det<bf16, 2>({32, 64}, 2).transpose(0, 1).transpose(0, 1);
+  auto f = det<f32, 2>({33, 17}, 3), fb = det<f32, 2>({9, 17}, 4).transpose(0, 1);
+  auto d = det<f64, 2>({33, 17}, 5), db = det<f64, 2>({17, 9}, 6);
+  for (std::string arch : {"gfx90a", "gfx908", "gfx1030"}) {
+    CAPTURE(arch);
+    REQUIRE(jit::hiprtc_target_supported(arch));
+    int warp = runtime::hip_target_warp_size(arch);
+    for (const GemmConfig& c : codegen::gemm_candidates(DType::f32, 0)) {
+      CAPTURE(c.str());
+      GemmHook force(c);
+      std::string src = gpu_program<runtime::HipBackend>(warp, 0, 1, matmul(a, b), matmul(f, fb), matmul(d, db)).src;
+      CHECK(src.find("mma.sync") == std::string::npos);
+      std::string code = jit::hiprtc_compile(src, "kiln_gemm", arch, {});
+      CHECK(jit::detail::is_amdgpu_code_object(code));
+    }
+  }
+}
+
+}  // TEST_SUITE("hiprtc")
+
+TEST_SUITE("gpu") {
+
+namespace {
+
+// A [M, K] operand whose rows hold `pad` more elements than K (a K-sliced view: rows
+// 16-byte aligned, the last 16-byte chunk of a row partly past K).
+template <class DT>
+Input<DT, 2> k_sliced(Rng& rng, int64_t rows, int64_t k, int64_t pad) {
+  auto base = input<DT, 2>(rng, {rows, k + pad}, Layout::contiguous, Values{-2, 2});
+  return {base.t.slice(1, 0, k), ref::slice(base.a, 1, 0, k)};
+}
+
+// The matmul cases every dtype runs, and whether each may take tensor cores (bf16/f16 on
+// sm_80+). `few`: the three that reach every edge of the tile loop (forced-config runs).
+template <class DT>
+void add_cases(Batch& batch, Rng& rng, std::vector<bool>& want_tc, bool few) {
+  Values v{-2, 2};
+  auto add = [&](const auto& x, const auto& y, const Array& xa, const Array& ya, const std::string& what, bool tc) {
+    Array scale;
+    Array want = ref::matmul(xa, ya, &scale);
+    int64_t k = xa.shape.back();
+    batch.check(kiln::matmul(x, y), want, tol<DT>().scaled(std::max(1.0, double(k) / 256)), what, scale);
+    want_tc.push_back(tc);
+  };
+  {  // x @ W.t(): W [N, K] row-major read in place (B K-major), odd M and N, K % 32 != 0
+    auto x = input<DT, 2>(rng, {65, 1000}, Layout::contiguous, v), w = input<DT, 2>(rng, {129, 1000}, Layout::contiguous, v);
+    add(x.t, w.t.transpose(0, 1), x.a, ref::transpose(w.a, 0, 1), "[65, 1000] @ W[129, 1000].t()", true);
+  }
+  {  // K-sliced views: partial 16-byte chunks at the end of every row, K = 1001
+    auto x = k_sliced<DT>(rng, 65, 1001, 23), w = k_sliced<DT>(rng, 33, 1001, 7);
+    add(x.t, w.t.transpose(0, 1), x.a, ref::transpose(w.a, 0, 1), "[65, 1001 of 1024] @ W[33, 1001 of 1008].t()", true);
+  }
+  {  // A M-major (a transposed view) and odd K along both operands' outer dims
+    auto at = input<DT, 2>(rng, {72, 129}, Layout::transposed, v), y = input<DT, 2>(rng, {129, 40}, Layout::contiguous, v);
+    add(at.t, y.t, at.a, y.a, "transposed [72, 129] @ [129, 40]", true);
+    if (few) return;
+    auto yt = input<DT, 2>(rng, {129, 24}, Layout::transposed, v);
+    add(at.t, yt.t, at.a, yt.a, "transposed [72, 129] @ transposed [129, 24]", false);  // B [24,129] rows: 129 elements
+  }
+  {  // row-major both, N a multiple of 8, M = 1 and 7
+    auto x = input<DT, 2>(rng, {1, 200}, Layout::contiguous, v), y = input<DT, 2>(rng, {200, 1000}, Layout::contiguous, v);
+    add(x.t, y.t, x.a, y.a, "[1, 200] @ [200, 1000]", true);
+    auto x7 = input<DT, 2>(rng, {7, 200}, Layout::contiguous, v);
+    add(x7.t, y.t, x7.a, y.a, "[7, 200] @ [200, 1000]", true);
+  }
+  {  // batched, broadcast batch dims (stride 0), K = 64
+    auto a3 = input<DT, 3>(rng, {3, 65, 64}, Layout::contiguous, v), b2 = input<DT, 2>(rng, {64, 40}, Layout::contiguous, v);
+    add(a3.t, b2.t, a3.a, b2.a, "[3, 65, 64] @ [64, 40]", true);
+    auto a1 = input<DT, 3>(rng, {1, 33, 64}, Layout::contiguous, v), b4 = input<DT, 3>(rng, {4, 64, 24}, Layout::transposed, v);
+    add(a1.t, b4.t, a1.a, b4.a, "[1, 33, 64] @ transposed [4, 64, 24]", true);
+  }
+  {  // no tensor cores: misaligned rows, a strided operand
+    auto x = input<DT, 2>(rng, {7, 13}, Layout::contiguous, v), y = input<DT, 2>(rng, {13, 5}, Layout::contiguous, v);
+    add(x.t, y.t, x.a, y.a, "[7, 13] @ [13, 5]", false);
+    auto s = input<DT, 2>(rng, {40, 24}, Layout::strided, v), y2 = input<DT, 2>(rng, {24, 33}, Layout::transposed, v);
+    add(s.t, y2.t, s.a, y2.a, "strided [40, 24] @ transposed [24, 33]", false);
+  }
+}
+
+bool cuda_sm80() {
+  if (!runtime::CudaDeviceApi::present() || kiln::default_device().kind != DeviceKind::cuda) return false;
+  const auto& p = cu::cuda_device().properties();
+  return p.cc_major >= 8;
+}
+
+template <class DT>
+void run_cases(std::optional<GemmConfig> forced) {
+  KILN_TEST_RNG(rng);
+  Batch batch;
+  std::vector<bool> want_tc;
+  add_cases<DT>(batch, rng, want_tc, forced.has_value());
+  GemmHook hook(forced);
+  batch.run();
+  bool mma_dtype = DT::id == DType::bf16 || DT::id == DType::f16;
+  REQUIRE(hook.seen.size() == want_tc.size());
+  if (cuda_sm80()) {
+    for (size_t i = 0; i < want_tc.size(); ++i) {
+      CAPTURE(i);
+      CHECK(hook.seen[i].tensor_ok == want_tc[i]);
+      CHECK(codegen::gemm_choose(hook.seen[i]).kind == (want_tc[i] && mma_dtype ? GemmKind::mma : GemmKind::simt));
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("GPU GEMM against float64: odd sizes, partial K chunks, transposed views, broadcast batches", DT, bf16, f16,
+                   f32, f64) {
+  if (kiln::default_device() == kiln::cpu()) return;
+  run_cases<DT>(std::nullopt);
+}
+
+TEST_CASE_TEMPLATE("GPU GEMM: every candidate config, forced, against float64", DT, bf16, f32) {
+  if (kiln::default_device() == kiln::cpu()) return;
+  int arch = cuda_sm80() ? 80 : 0;
+  for (const GemmConfig& c : codegen::gemm_candidates(DT::id, arch)) {
+    CAPTURE(c.str());
+    run_cases<DT>(c);
+  }
+}
+
+}  // TEST_SUITE("gpu")
