@@ -53,6 +53,8 @@ struct Graph {
   Device device = cpu();
   bool device_set = false;
   Hash128 signature{};
+  // Gradient seeds (kiln::grad's cotangent of the loss): what the backward starts from.
+  std::vector<int32_t> tangents;
   // Expressions built while tracing (autograd's): nodes' view/pad attrs point into them.
   std::vector<std::shared_ptr<const void>> owned;
 
@@ -79,6 +81,11 @@ class Tracer {
     else id = trace_node(e);
     memo_.emplace(key, id);
     return id;
+  }
+  // Marks node `id` as a gradient seed (the scheduler tells forward from backward by it).
+  void mark_tangent(int id) {
+    g_.tangents.push_back(id);
+    sig_.add(uint32_t(0x7a6e)).add(id);
   }
   // Keeps an expression built during tracing alive as long as the graph.
   template <class E>

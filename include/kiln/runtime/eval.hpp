@@ -274,6 +274,13 @@ std::string explain(Mode mode, const Es&... es) {
   ir::Graph g = ir::trace(es...);
   return runtime::plan_for(g, mode)->plan.describe(g);
 }
+// What the fused plan of a training step (a loss and its kiln::grad gradients) saves
+// for the backward, in bytes, and what the backward recomputes (sched/remat.hpp).
+template <Expr... Es>
+sched::MemoryReport explain_memory(const Es&... es) {
+  ir::Graph g = ir::trace(es...);
+  return sched::memory_report(g, runtime::plan_for(g, Mode::fused)->plan.remat);
+}
 // Number of kernels an expression lowers to.
 template <Expr... Es>
 size_t kernel_count(Mode mode, const Es&... es) {

@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "kiln/ir/graph.hpp"
+#include "kiln/sched/remat.hpp"
 
 namespace kiln::sched {
 
@@ -53,6 +53,7 @@ struct Kernel {
 struct Plan {
   std::vector<Kernel> kernels;        // execution order
   std::vector<uint8_t> materialize;   // per node: the plan allocates a buffer for it
+  Remat remat;                        // a training step: what the backward loads and recomputes
   std::string describe(const ir::Graph& g) const;
 };
 
@@ -187,6 +188,13 @@ class Scheduler {
     }
     for (int o : g_.outputs)
       if (node(o).op != Prim::view) m[size_t(o)] = 1;
+    // A training step: the forward stores the values the backward loads (sched/remat.hpp);
+    // the pointwise values it recomputes stay unmaterialized, inlined into each reader.
+    if (fuse_ && !g_.tangents.empty()) {
+      plan_.remat = partition(g_, m);
+      for (int id : plan_.remat.saved)
+        if (is_pointwise(node(id).op)) m[size_t(id)] = 1;
+    }
   }
 
   // Sym-shape equality of two nodes, or of a node and a domain with `axes` set to 1.
@@ -522,6 +530,7 @@ inline std::string Plan::describe(const ir::Graph& g) const {
     for (int l : k.loads) s += " %" + std::to_string(l);
     s += "\n";
   }
+  if (!g.tangents.empty()) s += memory_report(g, remat).str();
   return s;
 }
 
