@@ -177,6 +177,22 @@ TEST_CASE("grad: cast rows, unused tensors, leaves seen through views") {
   CHECK(l() == doctest::Approx(0.5 + 0.5 + 6 + 16 + (1 + 6 + 6 + 16) + 30));
 }
 
+TEST_CASE("grad: Tensor views of a parameter (slice, strided slice, expand, compositions) give it their gradient") {
+  KILN_TEST_RNG(rng);
+  auto x = rnd<2>(rng, {5, 6});
+  auto v = rnd<3>(rng, {3, 1, 4}, Layout::transposed);  // non-contiguous parameter
+  auto w = rnd<2>(rng, {3, 6});
+  check_grad("views", [&](const auto& x, const auto& v) {
+    auto rows = x.slice(0, 1, 4);                                   // [3, 6], offset
+    auto cols = x.slice(1, 1, 6, 2).transpose(0, 1);                // [3, 5], strided then permuted
+    auto row2 = x.slice(0, 2, 3).expand(Shape<2>{4, 6});            // [4, 6]: a row repeated
+    auto corner = x.slice(0, 3, 5).slice(1, 0, 6, 5);               // [2, 2], two dims sliced
+    auto vv = v.expand(Shape<3>{3, 2, 4}).slice(2, 1, 4).permute({1, 2, 0});  // [2, 3, 3]
+    return sum(tanh(rows) * w) + sum(cols * cols) + sum(exp(row2 * 0.5)) + sum(corner * 3.0) + sum(x * x) +
+           sum(vv * vv * vv) + sum(v.slice(0, 2, 3) * x.slice(0, 0, 1).slice(1, 0, 4));
+  }, x, v);
+}
+
 TEST_CASE("grad: a tensor not asked for gets no backward work") {
   KILN_TEST_RNG(rng);
   auto x = rnd<2>(rng, {8, 16});
@@ -272,7 +288,62 @@ TEST_CASE("grad: 2-layer MLP against a float64 hand derivation, one fused plan")
   close_all("db1", db1.to_vector(), r.db1);
   close_all("dW2", dW2.to_vector(), r.dW2);
   close_all("db2", db2.to_vector(), r.db2);
+  // Saved for the backward: the two matmul outputs (and gelu's output, the second matmul's
+  // operand, in memory anyway); gelu's inner pointwise ops are recomputed from the first.
+  auto mem = explain_memory(loss, gW1, gb1, gW2, gb2);
+  auto count = [](const std::vector<sched::MemoryReport::Value>& vs, const std::string& op, std::vector<int64_t> shape) {
+    return std::count_if(vs.begin(), vs.end(), [&](const auto& v) { return v.op == op && v.shape == shape; });
+  };
+  CHECK(count(mem.saved, "matmul", {N, H}) == 1);
+  CHECK(count(mem.saved, "matmul", {N, C}) == 1);
+  CHECK(count(mem.saved, "mul", {N, H}) == 1);  // gelu(.): the operand of the second matmul
+  CHECK(count(mem.saved, "erf", {N, H}) == 0);
+  CHECK(count(mem.recomputed, "erf", {N, H}) == 1);
+  CHECK(count(mem.recomputed, "add", {N, H}) >= 1);  // x W1^T + b1
+  CHECK(mem.saved_bytes < mem.naive_bytes);
+  MESSAGE(mem.str());
   size_t kernels = kernel_count(Mode::fused, loss, gW1, gb1, gW2, gb2);
   MESSAGE("MLP forward + backward: " << kernels << " kernels in one plan\n" << explain(Mode::fused, loss, gW1, gb1, gW2, gb2));
   CHECK(kernels <= 14);
+}
+
+// ---- save or recompute: the plan's backward loads the cheapest set of forward values ----
+TEST_CASE("grad: a pointwise value is saved when recomputing it reads more bytes") {
+  KILN_TEST_RNG(rng);
+  const int64_t M = 9, N = 7;
+  auto a = rnd<2>(rng, {M, N}), b = rnd<2>(rng, {M, N}), c = rnd<2>(rng, {M, N}), d = rnd<2>(rng, {M, N});
+  auto w = rnd<2>(rng, {M, N});
+  auto value = [](const Tensor<f64, 2>& t, int64_t i) { return t.host_data()[i]; };
+  auto by_op = [](const sched::MemoryReport& m, const std::string& op) {
+    return std::count_if(m.saved.begin(), m.saved.end(), [&](const auto& v) { return v.op == op; });
+  };
+  {  // d/dw sum((a*b + c*d) * w) reads a*b + c*d: saving it moves 2 MN values, recomputing it 4 MN
+    auto loss = sum((a * b + c * d) * w);
+    auto [gw] = kiln::grad(loss, w);
+    auto mem = explain_memory(loss, gw);
+    CHECK(by_op(mem, "add") == 1);
+    CHECK(by_op(mem, "input") == 0);
+    CHECK(mem.saved_bytes == M * N * 8);
+    std::string plan = explain(Mode::fused, loss, gw);
+    CHECK(plan.find("%" + std::to_string(mem.saved[0].node) + ":add") != std::string::npos);  // a kernel stores it
+    auto [l, GW] = kiln::eval(loss, gw);
+    auto got = GW.to_vector();
+    for (int64_t i = 0; i < M * N; ++i)
+      CHECK(got[size_t(i)] == doctest::Approx(value(a, i) * value(b, i) + value(c, i) * value(d, i)).epsilon(1e-14));
+  }
+  {  // d/dw sum(a*b * w) reads a*b: recomputing it from a and b moves no more than saving it
+    auto loss = sum(a * b * w);
+    auto [gw] = kiln::grad(loss, w);
+    auto mem = explain_memory(loss, gw);
+    CHECK(by_op(mem, "input") == 2);
+    CHECK(by_op(mem, "mul") == 0);
+    CHECK(mem.recomputed.size() == 1);
+    auto [l, GW] = kiln::eval(loss, gw);
+    auto got = GW.to_vector();
+    for (int64_t i = 0; i < M * N; ++i) CHECK(got[size_t(i)] == doctest::Approx(value(a, i) * value(b, i)).epsilon(1e-14));
+  }
+  // finite differences through a plan that saves a pointwise value (exp's operand or exp itself)
+  check_grad("saved pointwise", [&](const auto& w) { return sum(exp(a * b + c * d) * w) + sum(w * w * w); }, w);
+  CHECK(explain_memory(sum(exp(a * b + c * d) * w), std::get<0>(kiln::grad(sum(exp(a * b + c * d) * w), w))).saved_bytes ==
+        M * N * 8);
 }

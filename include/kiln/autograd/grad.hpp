@@ -17,12 +17,15 @@
 //   term to it from the first occurrence of each distinct parent. So a cotangent
 //   holds only terms that exist, fan-out adds, and a shared subexpression propagates
 //   once (a weight read through several paths costs one matmul, not one per path);
-// - the gradient of x_i sums the cotangents of the leaves that are x_i or a
-//   permutation view of it (linear() reads W through W.transpose()); a leaf that is
-//   none of the x_i is never traced, so nothing is computed for it.
-// A Tensor view other than a permutation (a slice, an expand) is a leaf of its own:
-// differentiate through kiln::slice / kiln::expand of the tensor instead.
+// - the gradient of x_i sums the cotangents of the leaves that are x_i or a Tensor
+//   view of it: permuted (linear() reads W through W.transpose()), sliced (with a
+//   step), expanded, or any composition of these, each cotangent summed over the
+//   expanded dims, permuted back and placed into x's shape; a leaf that is none of
+//   the x_i is never traced, so nothing is computed for it.
+// A reshaping view (Tensor::view to another rank) is a leaf of its own: differentiate
+// through kiln::reshape of the tensor instead.
 #pragma once
+#include <optional>
 #include <unordered_map>
 
 #include "kiln/autograd/rules.hpp"
@@ -84,7 +87,10 @@ struct Cotangent {
   }
   int trace_into(ir::Tracer& t) const {
     std::vector<int> ids;
-    if (seed) ids.push_back(trace_owned(t, expand(scalar<DT>(1.0), shape)));
+    if (seed) {
+      ids.push_back(trace_owned(t, expand(scalar<DT>(1.0), shape)));
+      t.mark_tangent(ids.back());
+    }
     for (const auto& term : terms) ids.push_back(term->trace(t));
     return trace_sum<DT, R>(t, ids, shape);
   }
@@ -92,8 +98,19 @@ struct Cotangent {
 template <class E>
 using cotangent_t = Cotangent<dtype_of<E>, rank_of<E>>;
 
-// d loss / d x for one requested tensor x: the cotangents of the leaves that are x,
-// or a permutation view of x (moved back by the inverse permutation).
+// How a leaf tensor reads x's elements when it is a Tensor view of x: leaf dim perm[k]
+// reads x dim k from start[k] in steps of step[k]; a leaf dim in `spread` (stride 0)
+// repeats one element of its x dim (an expand).
+template <int R>
+struct ViewOf {
+  std::array<int, R> perm{};
+  std::array<int64_t, R> start{}, step{};
+  uint32_t spread = 0;
+  bool identity = false;  // the leaf is x
+};
+
+// d loss / d x for one requested tensor x: the cotangents of the leaves that are x or a
+// view of it, each moved back into x's shape.
 template <DTypeTag DT, int R>
 struct LeafGrad {
   using is_kiln_expr = void;
@@ -103,40 +120,98 @@ struct LeafGrad {
   Shape<R> shape;
   struct Part {
     std::shared_ptr<const Leaf> g;
-    std::array<int, R> perm;  // x's dim i is the leaf's dim perm[i]
-    bool identity;
+    ViewOf<R> view;
   };
   std::vector<Part> parts;
   const Shape<R>& sizes() const { return shape; }
   int trace_into(ir::Tracer& t) const {
     std::vector<int> ids;
-    for (const Part& p : parts) {
-      int id = t.trace(*p.g);
-      if (!p.identity) id = trace_owned(t, permute(Traced<DT, R>{id, p.g->shape}, p.perm));
-      ids.push_back(id);
-    }
+    for (const Part& p : parts) ids.push_back(p.view.identity ? t.trace(*p.g) : trace_back(t, p));
     return trace_sum<DT, R>(t, ids, shape);
+  }
+
+ private:
+  // The leaf's cotangent summed over its expanded dims, permuted back, each sliced dim placed.
+  int trace_back(ir::Tracer& t, const Part& p) const {
+    const ViewOf<R>& v = p.view;
+    int id = t.trace(*p.g);
+    Shape<R> s = p.g->shape;
+    if (v.spread) {
+      id = trace_owned(t, reduce_keep<Prim::sum>(Traced<DT, R>{id, s}, v.spread));
+      for (int i = 0; i < R; ++i)
+        if ((v.spread >> i) & 1u) s[size_t(i)] = 1;
+    }
+    bool permuted = false;
+    for (int k = 0; k < R; ++k) permuted |= v.perm[size_t(k)] != k;
+    if (permuted) {
+      Shape<R> ps{};
+      for (int k = 0; k < R; ++k) ps[size_t(k)] = s[size_t(v.perm[size_t(k)])];
+      id = trace_owned(t, permute(Traced<DT, R>{id, s}, v.perm)), s = ps;
+    }
+    for (int k = 0; k < R; ++k) {
+      if (s[size_t(k)] == shape[size_t(k)] && v.start[size_t(k)] == 0) continue;
+      ViewAttrs a{};
+      a.kind = ViewKind::slice, a.dim = k, a.start = v.start[size_t(k)], a.step = v.step[size_t(k)];
+      Shape<R> to = s;
+      to[size_t(k)] = shape[size_t(k)];
+      id = trace_owned(t, ViewGrad<Traced<DT, R>, DT, R>{Traced<DT, R>{id, s}, to, a}), s = to;
+    }
+    return id;
   }
 };
 
 namespace detail {
 
-// When `leaf` reads exactly x's elements with x's dims permuted, fills perm (x's dim
-// i is the leaf's dim perm[i]) and returns true. Size-1 dims match whatever strides.
+// Whether `leaf` is a Tensor view of x (see ViewOf), and which: tries the ways to match
+// the leaf's dims to x's by stride, then splits the offset between the matched dims.
+// The result is exact (leaf[i] is x[start + i * step] for every i), or there is none.
 template <class DT, int R>
-bool permutation_of(const Tensor<DT, R>& leaf, const Tensor<DT, R>& x, std::type_identity_t<std::array<int, R>>& perm) {
-  if (leaf.storage() != x.storage() || leaf.offset() != x.offset()) return false;
-  std::array<bool, R> used{};
-  for (int i = 0; i < R; ++i) {
-    int found = -1;
-    for (int j = 0; j < R && found < 0; ++j) {
-      if (used[size_t(j)] || leaf.sizes()[size_t(j)] != x.sizes()[size_t(i)]) continue;
-      if (x.sizes()[size_t(i)] == 1 || leaf.strides()[size_t(j)] == x.strides()[size_t(i)]) found = j;
+std::optional<ViewOf<R>> view_of(const Tensor<DT, R>& leaf, const Tensor<DT, R>& x) {
+  if (leaf.storage() != x.storage() || leaf.numel() == 0) return std::nullopt;
+  const auto &nl = leaf.sizes(), &sl = leaf.strides(), &nx = x.sizes(), &sx = x.strides();
+  ViewOf<R> v;
+  std::array<int, R> taken{};  // x dim k is read by a leaf dim already
+  auto fits = [&](int i, int k, int64_t& step) {
+    step = 1;
+    if (nl[size_t(i)] == 1) return true;
+    if (sl[size_t(i)] == 0) return true;  // expanded: reads one element of x's dim k
+    if (nx[size_t(k)] == 1 || sx[size_t(k)] <= 0 || sl[size_t(i)] % sx[size_t(k)] != 0) return false;
+    step = sl[size_t(i)] / sx[size_t(k)];
+    return step >= 1 && (nl[size_t(i)] - 1) * step < nx[size_t(k)];
+  };
+  auto starts_fit = [&] {  // leaf offset - x offset = sum_k start_k * stride_k, largest stride first
+    std::array<int, R> order{};
+    for (int k = 0; k < R; ++k) order[size_t(k)] = k;
+    std::sort(order.begin(), order.end(), [&](int a, int b) { return sx[size_t(a)] > sx[size_t(b)]; });
+    int64_t delta = leaf.offset() - x.offset();
+    for (int k : order) {
+      v.start[size_t(k)] = 0;
+      if (nx[size_t(k)] == 1 || sx[size_t(k)] <= 0) continue;
+      int i = v.perm[size_t(k)];
+      int64_t len = sl[size_t(i)] == 0 ? 1 : nl[size_t(i)];
+      int64_t last = nx[size_t(k)] - 1 - (len - 1) * v.step[size_t(k)];
+      v.start[size_t(k)] = std::clamp<int64_t>(delta / sx[size_t(k)], 0, last);
+      delta -= v.start[size_t(k)] * sx[size_t(k)];
     }
-    if (found < 0) return false;
-    used[size_t(found)] = true, perm[size_t(i)] = found;
-  }
-  return true;
+    return delta == 0;
+  };
+  auto match = [&](auto& self, int i) -> bool {
+    if (i == R) return starts_fit();
+    for (int k = 0; k < R; ++k) {
+      int64_t step;
+      if (taken[size_t(k)] || !fits(i, k, step)) continue;
+      taken[size_t(k)] = 1, v.perm[size_t(k)] = i, v.step[size_t(k)] = step;
+      if (self(self, i + 1)) return true;
+      taken[size_t(k)] = 0;
+    }
+    return false;
+  };
+  if (!match(match, 0)) return std::nullopt;
+  for (int i = 0; i < R; ++i)
+    if (sl[size_t(i)] == 0 && nl[size_t(i)] > 1) v.spread |= 1u << i;
+  v.identity = v.spread == 0 && leaf.sizes() == x.sizes();
+  for (int k = 0; k < R; ++k) v.identity = v.identity && v.perm[size_t(k)] == k && v.start[size_t(k)] == 0;
+  return v;
 }
 
 template <class T>
@@ -242,7 +317,7 @@ class Backward {
     auto top = w_.visit(*w_.root);
     if (top.cotangent) static_cast<cotangent_t<Loss>*>(top.cotangent)->seed = true;
   }
-  // d loss / d x: the cotangents of the leaves that are x or a permutation view of it.
+  // d loss / d x: the cotangents of the leaves that are x or a Tensor view of it.
   template <DTypeTag DT, int R>
   LeafGrad<DT, R> of(const Tensor<DT, R>& x) const {
     static_assert(FloatDType<DT>, "kiln::grad: only floating-point tensors have gradients");
@@ -250,11 +325,8 @@ class Backward {
     out.shape = x.sizes();
     for (const auto& leaf : w_.leaves) {
       if (leaf.type != &detail::kTypeTag<Tensor<DT, R>>) continue;
-      std::array<int, R> perm{};
-      if (!detail::permutation_of(*static_cast<const Tensor<DT, R>*>(leaf.tensor), x, perm)) continue;
-      bool identity = true;
-      for (int i = 0; i < R; ++i) identity = identity && perm[size_t(i)] == i;
-      out.parts.push_back({std::static_pointer_cast<const Cotangent<DT, R>>(leaf.cotangent), perm, identity});
+      if (auto v = detail::view_of(*static_cast<const Tensor<DT, R>*>(leaf.tensor), x))
+        out.parts.push_back({std::static_pointer_cast<const Cotangent<DT, R>>(leaf.cotangent), *v});
     }
     return out;
   }
