@@ -73,13 +73,18 @@ struct GemmProblem {
 
 inline bool gemm_has_mma(DType d, int arch) { return arch >= 80 && (d == DType::bf16 || d == DType::f16); }
 
-// Every config a tuner may time for this dtype and architecture, best-known first.
+// Every config a tuner may time for this dtype and architecture; of configs with the
+// same block tile, the best-known first (the heuristic takes that one).
 inline std::vector<GemmConfig> gemm_candidates(DType d, int arch) {
   using K = GemmKind;
+  // NOTE: measured on an H200 (bench/gpu_bench.cpp, KILN_BENCH_GEMM_SWEEP, bf16 8192^3):
+  // 128x128 blocks of four 64x64 warps, two blocks per SM, beat one 8-warp 128x256 block
+  // (333 against 276 TFLOP/s; docs/benchmarks.md has the sweep).
   if (gemm_has_mma(d, arch))
-    return {{K::mma, 128, 256, 32, 64, 64, 4}, {K::mma, 256, 128, 32, 64, 64, 4}, {K::mma, 128, 128, 32, 64, 64, 4},
-            {K::mma, 128, 128, 32, 64, 32, 4}, {K::mma, 128, 256, 64, 64, 64, 3}, {K::mma, 64, 128, 32, 32, 64, 4},
-            {K::mma, 64, 64, 32, 32, 32, 4}};
+    return {{K::mma, 128, 128, 32, 64, 64, 4}, {K::mma, 128, 128, 32, 64, 64, 3}, {K::mma, 128, 128, 32, 64, 64, 5},
+            {K::mma, 128, 128, 64, 64, 64, 3}, {K::mma, 128, 128, 64, 64, 64, 2}, {K::mma, 128, 128, 32, 64, 32, 4},
+            {K::mma, 128, 256, 64, 64, 64, 3}, {K::mma, 128, 256, 32, 64, 64, 4}, {K::mma, 256, 128, 64, 64, 64, 3},
+            {K::mma, 256, 128, 32, 64, 64, 4}, {K::mma, 64, 128, 32, 32, 64, 4}, {K::mma, 64, 64, 32, 32, 32, 4}};
   if (d == DType::f64 || d == DType::i64) return {{K::simt, 64, 64, 16, 4, 4, 1}, {K::simt, 32, 32, 16, 2, 2, 1}};
   return {{K::simt, 128, 128, 8, 8, 8, 1}, {K::simt, 64, 64, 16, 4, 4, 1}, {K::simt, 32, 32, 16, 2, 2, 1}};
 }
@@ -89,20 +94,22 @@ inline int64_t gemm_tiles(const GemmConfig& c, const GemmProblem& p) {
   return ((p.m + c.bm - 1) / c.bm) * ((p.n + c.bn - 1) / c.bn) * p.batch;
 }
 
-// The default mode's choice, no tuning: the largest tile that still gives every
-// SM a block (larger tiles re-read A and B less), else the smallest candidate.
+// The default mode's choice, no tuning: the largest block tile (of 128x128, 64x128,
+// 64x64) that still gives every SM a block (larger tiles re-read A and B less); else
+// the smallest.
 inline GemmConfig gemm_heuristic(const GemmProblem& p) {
   auto all = gemm_candidates(p.dtype, p.tensor_ok ? p.arch : 0);
-  std::vector<GemmConfig> order;
-  if (all.front().kind == GemmKind::mma) {
-    GemmConfig wide = all[0], tall = all[1];  // 128x256 or 256x128: the long side along the longer dim
-    order = {p.m > p.n ? tall : wide, all[2], all[5], all[6]};
-  } else {
-    order = all;
-  }
-  for (const GemmConfig& c : order)
+  auto tile = [&](int bm, int bn) {
+    for (const GemmConfig& c : all)
+      if (c.bm == bm && c.bn == bn) return c;
+    return all.back();
+  };
+  std::vector<GemmConfig> ladder = all;
+  if (all.front().kind == GemmKind::mma)
+    ladder = {tile(128, 128), tile(64, 128), tile(64, 64)};
+  for (const GemmConfig& c : ladder)
     if (gemm_tiles(c, p) >= p.sm_count) return c;
-  return order.back();
+  return ladder.back();
 }
 
 // The config choice: a tuner installs a chooser (its database, or a forced
@@ -179,82 +186,120 @@ class GemmWriter {
     return ind + "if (" + row + " < Mr && " + col + " < N) { " + store_(row, col, v) + " }\n";
   }
 
-  // The copy of one operand tile, R rows of C contiguous elements, into stage `st` of
-  // shared array `sm` (row pitch C + 8). Row r is operand dim `outer` (o0 + r, extent
-  // oext, stride ostr), element e of a row dim `inner` (i0 + e, extent iext, stride 1).
-  std::string copy_tile(const std::string& sm, const std::string& src, int R, int C, const std::string& o0,
-                        const std::string& oext, const std::string& ostr, const std::string& i0, const std::string& iext) const {
-    int chunks = R * C / 8, per = (chunks + c_.threads() - 1) / c_.threads();
-    std::string s, cs = std::to_string(C / 8), ld = std::to_string(C + 8);
-    s += "#pragma unroll\n      for (int i = 0; i < " + std::to_string(per) + "; ++i) {\n";
-    s += "        const int c = threadIdx.x + i * NT;\n";
-    if (chunks % c_.threads()) s += "        if (c < " + std::to_string(chunks) + ") {\n";
-    else s += "        {\n";
-    s += "          const int r = c / " + cs + ", e = (c % " + cs + ") * 8;\n";
-    s += "          const int64_t o = " + o0 + " + r, in = " + i0 + " + e;\n";
-    s += "          int bytes = 0; const uint16_t* g = " + src + ";\n";
-    s += "          if (o < " + oext + " && in < " + iext + ") { const int64_t left = " + iext + " - in; bytes = (left < 8 ? (int)left : 8) * 2; g = " +
-         src + " + o * " + ostr + " + in; }\n";
-    s += "          kiln_cp_async16(" + sm + " + st * " + std::to_string(R * (C + 8)) + " + r * " + ld + " + e, g, bytes);\n";
-    s += "        }\n      }\n";
+  // One operand tile in shared memory as it lies in global memory: R rows of C
+  // contiguous elements, row pitch C + 8 (16 bytes of padding: conflict-free ldmatrix).
+  // k_inner: rows are the M (N) dim, from mn0, extent mn_ext, stride `str`, and run
+  // along K; else rows are K (stride `str`) and run along M (N) from mn0.
+  struct Tile {
+    std::string x;  // "A" or "B"
+    int R, C;
+    bool k_inner;
+    std::string mn0, mn_ext, str;
+    int chunks() const { return R * C / 8; }
+    int stage() const { return R * (C + 8); }  // elements
+  };
+  std::string tile_chunk(const Tile& t) const {
+    return "      const int c = threadIdx.x + i * NT, r = c / " + std::to_string(t.C / 8) + ", e = (c % " + std::to_string(t.C / 8) +
+           ") * 8; (void)r; (void)e;\n";
+  }
+  int per_thread(const Tile& t) const { return (t.chunks() + c_.threads() - 1) / c_.threads(); }
+  // Per thread, once: each chunk's global pointer at k = 0 and what of it is in range
+  // along M (N): k_inner, 1 or 0; else the bytes (0..16) before the end of the row.
+  std::string copy_setup(const Tile& t) const {
+    std::string P = std::to_string(per_thread(t)), n = std::to_string(t.chunks()), x = t.x, s;
+    s += "  const uint16_t* g" + x + "[" + P + "]; int v" + x + "[" + P + "];\n";
+    s += "#pragma unroll\n  for (int i = 0; i < " + P + "; ++i) {\n" + tile_chunk(t);
+    if (t.k_inner)
+      s += "      const int64_t o = " + t.mn0 + " + r; v" + x + "[i] = c < " + n + " && o < " + t.mn_ext + "; g" + x + "[i] = " + x +
+           "g + (v" + x + "[i] ? o * " + t.str + " + e : 0);\n";
+    else
+      s += "      const int64_t left = " + t.mn_ext + " - (" + t.mn0 + " + e); v" + x + "[i] = c < " + n +
+           " ? (left >= 8 ? 16 : left > 0 ? (int)left * 2 : 0) : 0; g" + x + "[i] = " + x + "g + (int64_t)r * " + t.str + " + (v" +
+           x + "[i] ? " + t.mn0 + " + e : 0);\n";
+    return s + "  }\n";
+  }
+  // The cp.async of K-tile kt into stage st; past K (and past M/N) zero-filled.
+  std::string copy_issue(const Tile& t) const {
+    std::string x = t.x, s;
+    s += "#pragma unroll\n    for (int i = 0; i < " + std::to_string(per_thread(t)) + "; ++i) {\n" + tile_chunk(t);
+    s += t.chunks() % c_.threads() ? "      if (c < " + std::to_string(t.chunks()) + ") {\n" : "      {\n";
+    if (t.k_inner)
+      s += "        const int64_t left = K - (k0 + e); const int bytes = v" + x + "[i] ? (left >= 8 ? 16 : left > 0 ? (int)left * 2 : 0) : 0;\n"
+           "        const uint16_t* g = bytes ? g" + x + "[i] + k0 : " + x + "g;\n";
+    else
+      s += "        const int bytes = k0 + r < K ? v" + x + "[i] : 0;\n        const uint16_t* g = bytes ? g" + x + "[i] + k0 * " + t.str +
+           " : " + x + "g;\n";
+    s += "        kiln_cp_async16(s" + x + " + (uint32_t)((st * " + std::to_string(t.stage()) + " + r * " + std::to_string(t.C + 8) +
+         " + e) * 2), g, bytes);\n      }\n    }\n";
     return s;
   }
 
   std::string mma() const {
     const GemmConfig& c = c_;
-    int mt = c.wm / 16, nt = c.wn / 8;
+    int mt = c.wm / 16, nt = c.wn / 8, ksteps = c.bk / 16;
+    auto S = [](int v) { return std::to_string(v); };
+    Tile a = o_.a_k_major ? Tile{"A", c.bm, c.bk, true, "m0", "Mr", "sam"} : Tile{"A", c.bk, c.bm, false, "m0", "Mr", "sak"};
+    Tile b = o_.b_k_major ? Tile{"B", c.bn, c.bk, true, "n0", "N", "sbn"} : Tile{"B", c.bk, c.bn, false, "n0", "N", "sbk"};
+    int ald = a.C + 8, bld = b.C + 8;
     std::string s;
-    // Operand tiles in shared memory as they lie in global memory (contiguous dim innermost).
-    int ar = o_.a_k_major ? c.bm : c.bk, ac = o_.a_k_major ? c.bk : c.bm;
-    int br = o_.b_k_major ? c.bn : c.bk, bc = o_.b_k_major ? c.bk : c.bn;
-    std::string ast = std::to_string(ar * (ac + 8)), bst = std::to_string(br * (bc + 8));
-    s += "  constexpr int STAGES = " + std::to_string(c.stages) + ";\n";
+    s += "  constexpr int STAGES = " + S(c.stages) + ";\n";
     s += "  extern __shared__ __align__(128) unsigned char kiln_smem[];\n";
-    s += "  uint16_t* sA = (uint16_t*)kiln_smem; uint16_t* sB = sA + STAGES * " + ast + ";\n";
+    s += "  const uint32_t sA = kiln_smem_addr(kiln_smem), sB = sA + STAGES * " + S(a.stage() * 2) + ";\n";
     s += "  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;\n";
     s += "  const int wm0 = (warp / (BN / WN)) * WM, wn0 = (warp % (BN / WN)) * WN;\n";
-    s += "  const int64_t KT = (K + BK - 1) / BK;\n";
-    s += "  float acc[" + std::to_string(mt) + "][" + std::to_string(nt) + "][4];\n";
-    s += "#pragma unroll\n  for (int i = 0; i < " + std::to_string(mt) + "; ++i)\n#pragma unroll\n  for (int j = 0; j < " +
-         std::to_string(nt) + "; ++j)\n#pragma unroll\n  for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.f;\n";
+    s += "  const int KT = (int)((K + BK - 1) / BK);\n";
+    s += "  float acc[" + S(mt) + "][" + S(nt) + "][4];\n";
+    s += "#pragma unroll\n  for (int i = 0; i < " + S(mt) + "; ++i)\n#pragma unroll\n  for (int j = 0; j < " + S(nt) +
+         "; ++j)\n#pragma unroll\n  for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.f;\n";
     s += "  const uint16_t* Ag = (const uint16_t*)A0; const uint16_t* Bg = (const uint16_t*)B0;\n";
-    s += "  auto load_stage = [&](int st, int64_t k0) {\n";
-    s += o_.a_k_major ? copy_tile("sA", "Ag", ar, ac, "m0", "Mr", "sam", "k0", "K") : copy_tile("sA", "Ag", ar, ac, "k0", "K", "sak", "m0", "Mr");
-    s += o_.b_k_major ? copy_tile("sB", "Bg", br, bc, "n0", "N", "sbn", "k0", "K") : copy_tile("sB", "Bg", br, bc, "k0", "K", "sbk", "n0", "N");
-    s += "  };\n";
-    s += "#pragma unroll\n  for (int p = 0; p < STAGES - 1; ++p) { if (p < KT) load_stage(p, (int64_t)p * BK); kiln_cp_async_commit(); }\n";
-    s += "  for (int64_t kt = 0; kt < KT; ++kt) {\n";
-    s += "    kiln_cp_async_wait<STAGES - 2>();\n    __syncthreads();\n";
-    s += "    { const int64_t nk = kt + STAGES - 1; if (nk < KT) load_stage((int)(nk % STAGES), nk * BK); kiln_cp_async_commit(); }\n";
-    s += "    const uint16_t* a_s = sA + (int)(kt % STAGES) * " + ast + ";\n";
-    s += "    const uint16_t* b_s = sB + (int)(kt % STAGES) * " + bst + ";\n";
-    s += "#pragma unroll\n    for (int kk = 0; kk < BK; kk += 16) {\n";
-    s += "      uint32_t a[" + std::to_string(mt) + "][4], b[" + std::to_string(nt) + "][2];\n";
-    std::string j = "(lane / 8)", r = "(lane % 8)";
-    // ldmatrix.x4 of A: matrices (m 0-7, k 0-7), (m 8-15, k 0-7), (m 0-7, k 8-15), (m 8-15, k 8-15) = a0..a3.
-    s += "#pragma unroll\n      for (int i = 0; i < " + std::to_string(mt) + "; ++i) {\n";
-    if (o_.a_k_major)
-      s += "        kiln_ldmatrix_x4(a[i], a_s + (wm0 + i * 16 + (lane % 16)) * " + std::to_string(ac + 8) + " + kk + (lane / 16) * 8);\n";
-    else
-      s += "        kiln_ldmatrix_x4_trans(a[i], a_s + (kk + (" + j + " / 2) * 8 + " + r + ") * " + std::to_string(ac + 8) +
-           " + wm0 + i * 16 + (" + j + " % 2) * 8);\n";
-    s += "      }\n";
-    // ldmatrix.x4 of B, two n8 tiles: (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15).
-    s += "#pragma unroll\n      for (int p = 0; p < " + std::to_string(nt / 2) + "; ++p) {\n        uint32_t t[4];\n";
-    if (o_.b_k_major)
-      s += "        kiln_ldmatrix_x4(t, b_s + (wn0 + p * 16 + (" + j + " / 2) * 8 + " + r + ") * " + std::to_string(bc + 8) +
-           " + kk + (" + j + " % 2) * 8);\n";
-    else
-      s += "        kiln_ldmatrix_x4_trans(t, b_s + (kk + (" + j + " % 2) * 8 + " + r + ") * " + std::to_string(bc + 8) +
-           " + wn0 + p * 16 + (" + j + " / 2) * 8);\n";
-    s += "        b[2 * p][0] = t[0]; b[2 * p][1] = t[1]; b[2 * p + 1][0] = t[2]; b[2 * p + 1][1] = t[3];\n      }\n";
+    s += copy_setup(a) + copy_setup(b);
+    s += "  auto load_stage = [&](int st, int kt) {\n    const int64_t k0 = (int64_t)kt * BK;\n" + copy_issue(a) + copy_issue(b) + "  };\n";
+    // Each lane's ldmatrix row address within a stage (bytes). A's x4: (m 0-7, k 0-7), (m 8-15, k 0-7),
+    // (m 0-7, k 8-15), (m 8-15, k 8-15) = a0..a3; B's x4, two n8 tiles: (n 0-7, k 0-7), (n 0-7, k 8-15),
+    // (n 8-15, k 0-7), (n 8-15, k 8-15). Matrix q = lane / 8 takes row lane % 8.
+    std::string q = "(lane / 8)", r = "(lane % 8)";
+    if (o_.a_k_major) s += "  const uint32_t a_ld = ((wm0 + lane % 16) * " + S(ald) + " + (lane / 16) * 8) * 2;\n";
+    else s += "  const uint32_t a_ld = ((" + q + " / 2 * 8 + " + r + ") * " + S(ald) + " + wm0 + " + q + " % 2 * 8) * 2;\n";
+    if (o_.b_k_major) s += "  const uint32_t b_ld = ((wn0 + " + q + " / 2 * 8 + " + r + ") * " + S(bld) + " + " + q + " % 2 * 8) * 2;\n";
+    else s += "  const uint32_t b_ld = ((" + q + " % 2 * 8 + " + r + ") * " + S(bld) + " + wn0 + " + q + " / 2 * 8) * 2;\n";
+    // Fragments of k-step ks into buffer f (both compile-time: the register arrays stay registers).
+    auto frags = [&](int f, int ks) {
+      std::string t, F = S(f), kk = S(ks * 16);
+      for (int i = 0; i < mt; ++i) {
+        int off = o_.a_k_major ? (i * 16 * ald + ks * 16) * 2 : (ks * 16 * ald + i * 16) * 2;
+        t += std::string("      ") + (o_.a_k_major ? "kiln_ldmatrix_x4" : "kiln_ldmatrix_x4_trans") + "(af[" + F + "][" + S(i) +
+             "], as + a_ld + " + S(off) + ");\n";
+      }
+      for (int p = 0; p < nt / 2; ++p) {
+        int off = o_.b_k_major ? (p * 16 * bld + ks * 16) * 2 : (ks * 16 * bld + p * 16) * 2;
+        t += std::string("      { uint32_t t[4]; ") + (o_.b_k_major ? "kiln_ldmatrix_x4" : "kiln_ldmatrix_x4_trans") +
+             "(t, bs + b_ld + " + S(off) + "); bf[" + F + "][" + S(2 * p) + "][0] = t[0]; bf[" + F + "][" + S(2 * p) +
+             "][1] = t[1]; bf[" + F + "][" + S(2 * p + 1) + "][0] = t[2]; bf[" + F + "][" + S(2 * p + 1) + "][1] = t[3]; }\n";
+      }
+      return t;
+    };
     std::string op = d_ == DType::bf16 ? "kiln_mma_bf16" : "kiln_mma_f16";
-    s += "#pragma unroll\n      for (int i = 0; i < " + std::to_string(mt) + "; ++i)\n#pragma unroll\n      for (int j = 0; j < " +
-         std::to_string(nt) + "; ++j) " + op + "(acc[i][j], a[i], b[j][0], b[j][1]);\n";
-    s += "    }\n  }\n  kiln_cp_async_wait<0>();\n";
+    s += "#pragma unroll\n  for (int p = 0; p < STAGES - 1; ++p) { if (p < KT) load_stage(p, p); kiln_cp_async_commit(); }\n";
+    s += "  uint32_t af[2][" + S(mt) + "][4], bf[2][" + S(nt) + "][2];\n";
+    s += "  int rs = 0, ws = STAGES - 1;\n";
+    s += "  for (int kt = 0; kt < KT; ++kt) {\n";
+    s += "    kiln_cp_async_wait<STAGES - 2>();\n    __syncthreads();\n";
+    // The stage refilled now was read in iteration kt - 1, which every warp has left (the barrier).
+    s += "    if (kt + STAGES - 1 < KT) load_stage(ws, kt + STAGES - 1);\n    kiln_cp_async_commit();\n";
+    s += "    ws = ws + 1 == STAGES ? 0 : ws + 1;\n";
+    s += "    const uint32_t as = sA + rs * " + S(a.stage() * 2) + ", bs = sB + rs * " + S(b.stage() * 2) + ";\n";
+    s += "    rs = rs + 1 == STAGES ? 0 : rs + 1;\n";
+    s += frags(0, 0);
+    // Fragments double-buffered: the next k-step's ldmatrix go out before this one's mma.
+    for (int ks = 0; ks < ksteps; ++ks) {
+      if (ks + 1 < ksteps) s += frags((ks + 1) % 2, ks + 1);
+      s += "#pragma unroll\n    for (int i = 0; i < " + S(mt) + "; ++i)\n#pragma unroll\n    for (int j = 0; j < " + S(nt) + "; ++j) " +
+           op + "(acc[i][j], af[" + S(ks % 2) + "][i], bf[" + S(ks % 2) + "][j][0], bf[" + S(ks % 2) + "][j][1]);\n";
+    }
+    s += "  }\n  kiln_cp_async_wait<0>();\n";
     // Accumulator fragment: c0, c1 at (lane/4, 2*(lane%4) + 0/1), c2, c3 eight rows below.
-    s += "#pragma unroll\n  for (int i = 0; i < " + std::to_string(mt) + "; ++i)\n#pragma unroll\n  for (int j = 0; j < " +
-         std::to_string(nt) + "; ++j)\n#pragma unroll\n  for (int q = 0; q < 4; ++q) {\n";
+    s += "#pragma unroll\n  for (int i = 0; i < " + S(mt) + "; ++i)\n#pragma unroll\n  for (int j = 0; j < " + S(nt) +
+         "; ++j)\n#pragma unroll\n  for (int q = 0; q < 4; ++q) {\n";
     s += "    const int64_t row = m0 + wm0 + i * 16 + lane / 4 + (q / 2) * 8, col = n0 + wn0 + j * 8 + (lane % 4) * 2 + q % 2;\n";
     s += emit_store("    ", "row", "col", "acc[i][j][q]");
     return s + "  }\n";

@@ -15,23 +15,22 @@ KILN_FN uint32_t kiln_smem_addr(const void* p) {
 
 // 16 bytes global -> shared, asynchronously; the bytes past `src_bytes` (0..16)
 // are zero-filled, so out-of-range rows, columns and K read as zeros.
-KILN_FN void kiln_cp_async16(void* dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(kiln_smem_addr(dst)), "l"(src), "r"(src_bytes)
-               : "memory");
+KILN_FN void kiln_cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
 KILN_FN void kiln_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N> KILN_FN void kiln_cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
-// Four 8x8 b16 matrices; lane l gives the row address of matrix l/8, row l%8.
-KILN_FN void kiln_ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+// Four 8x8 b16 matrices; lane l gives the (shared) row address of matrix l/8, row l%8.
+KILN_FN void kiln_ldmatrix_x4(uint32_t (&r)[4], uint32_t p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(kiln_smem_addr(p)));
+               : "r"(p));
 }
-KILN_FN void kiln_ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+KILN_FN void kiln_ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(kiln_smem_addr(p)));
+               : "r"(p));
 }
 
 // D = A * B + D, m16n8k16, f32 accumulators; A row-major, B column-major fragments.
