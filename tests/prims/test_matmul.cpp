@@ -1,10 +1,11 @@
 // kiln — header-only C++20 tensor compiler.
 // SPDX-License-Identifier: Apache-2.0
 //
-// The matmul row against the float64 reference: odd sizes around the CPU kernel's tiles
-// (4 rows × 256 columns), size-1 M, N and K, K = 0 (a sum of nothing: zeros), transposed
-// operands, batched and broadcast batch dims, expression operands and consumers, every
-// numeric dtype. Tolerances scale with sum |a||b| of each output element.
+// The matmul row against the float64 reference: odd sizes, sizes around the CPU GEMM's
+// blocks (codegen/device/cpu_gemm.hpp), size-1 M, N and K, K = 0 (a sum of nothing:
+// zeros), transposed and strided operands, batched and broadcast batch dims (each of the
+// GEMM's parallel paths), expression operands and consumers, every numeric dtype.
+// Tolerances scale with sum |a||b| of each output element.
 #include "../support/reference.hpp"
 
 using namespace kiln;
@@ -75,5 +76,38 @@ TEST_CASE_TEMPLATE("matmul row: batched, broadcast batch dims, expression operan
   Array mm = ref::matmul(ref::prim(Prim::max, a3.a, r.a), b2.a, &scale);
   batch.check(m, ref::zip(mm, bias.a, [](double p, double q) { return p + q; }), tol<DT>().scaled(2),
               "matmul(maximum(a, r), b) + bias", ref::zip(scale, bias.a, [](double s, double q) { return s + std::fabs(q); }));
+  batch.run();
+}
+
+// The CPU GEMM's blocks: register tile MR x NR (AVX-512 f32: 12 x 32, f64 and int64 12 x 16;
+// AVX2: 6 x 16), K blocks of KC = 256, row blocks of about 144 (rounded to even shares
+// among the threads), column panels of up to 1024. Each size sits on or beside one edge.
+TEST_CASE_TEMPLATE("matmul row: sizes around the CPU GEMM's blocks, its parallel paths", DT, KILN_TEST_NUMERIC_DTYPES) {
+  KILN_TEST_RNG(rng);
+  Values v = mm_values<DT>();
+  using L = Layout;
+  struct Case {
+    int64_t m, k, n;
+    L la, lb;
+  };
+  Batch batch;  // one plan, one compile
+  for (auto [m, k, n, la, lb] : {Case{143, 255, 33, L::contiguous, L::contiguous}, Case{144, 256, 32, L::transposed, L::contiguous},
+                                 Case{145, 257, 31, L::contiguous, L::transposed}, Case{13, 513, 65, L::strided, L::contiguous},
+                                 Case{11, 300, 1100, L::contiguous, L::strided}, Case{289, 129, 7, L::transposed, L::transposed},
+                                 Case{12, 7, 17, L::contiguous, L::contiguous}, Case{7, 1, 129, L::contiguous, L::contiguous},
+                                 Case{1, 1, 1, L::contiguous, L::contiguous}})
+    add_matmul(batch, input<DT, 2>(rng, {m, k}, la, v), input<DT, 2>(rng, {k, n}, lb, v),
+               "[" + std::to_string(m) + ", " + std::to_string(k) + "] " + name(la) + " @ [" + std::to_string(k) + ", " +
+                   std::to_string(n) + "] " + name(lb));
+  // Batched: each product shared by the threads; B broadcast (packed once for the batch);
+  // A broadcast; many small products (one per thread).
+  add_matmul(batch, input<DT, 3>(rng, {2, 150, 300}, L::contiguous, v), input<DT, 3>(rng, {2, 300, 70}, L::transposed, v),
+             "[2, 150, 300] @ [2, 300, 70]");
+  add_matmul(batch, input<DT, 3>(rng, {3, 150, 300}, L::contiguous, v), input<DT, 2>(rng, {300, 70}, L::contiguous, v),
+             "[3, 150, 300] @ [300, 70] (B broadcast)");
+  add_matmul(batch, input<DT, 3>(rng, {3, 150, 300}, L::expanded_outer, v), input<DT, 3>(rng, {3, 300, 70}, L::contiguous, v),
+             "stride-0 batch [3, 150, 300] @ [3, 300, 70] (A broadcast)");
+  add_matmul(batch, input<DT, 3>(rng, {9, 37, 19}, L::transposed, v), input<DT, 3>(rng, {9, 19, 300}, L::contiguous, v),
+             "[9, 37, 19] @ [9, 19, 300] (small products)");
   batch.run();
 }

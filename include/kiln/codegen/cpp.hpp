@@ -17,7 +17,7 @@
 namespace kiln::codegen {
 
 inline std::string cpp_prelude() {
-  return "#include <cstdint>\n#include <cstring>\n#include <cmath>\n#include <climits>\n#include <omp.h>\n"
+  return "#include <cstdint>\n#include <cstdlib>\n#include <cstring>\n#include <cmath>\n#include <climits>\n#include <omp.h>\n"
          "#define KILN_FN inline\n"
          "static inline double kiln_bits_to_f64(uint64_t b) { double d; memcpy(&d, &b, 8); return d; }\n" +
          detail::read_device_file("cpu_math.hpp") + detail::read_device_file("philox.h") +
@@ -228,41 +228,29 @@ class CppKernelWriter {
     return s;
   }
 
+  // The blocked GEMM of codegen/device/cpu_gemm.hpp; every C element leaves through `store`.
   std::string matmul() {
     const ir::Node& c = g_.nodes[size_t(k_.stores[0].value)];
     DType d = c.dtype;
-    std::string acc = d == DType::f64 ? "double" : info(d).is_float ? "float" : "int64_t";
-    auto ld = [&](const char* p, const char* off) {
-      std::string e = std::string(p) + "[" + off + "]";
-      if (d == DType::bf16) return "(" + acc + ")kiln_bf16_to_f32(" + e + ")";
-      if (d == DType::f16) return "(" + acc + ")kiln_f16_to_f32(" + e + ")";
-      return "(" + acc + ")" + e;
-    };
-    std::string st = storage_type(d), cv = d == DType::bf16 ? "kiln_f32_to_bf16" : d == DType::f16 ? "kiln_f32_to_f16" : "(" + st + ")";
-    std::string bn = strides_.size() > 1 && strides_[1] == Stride::unit ? "1" : "sb[nd - 1]";
+    std::string acc = d == DType::f64 ? "double" : info(d).is_float ? "float" : "int64_t", st = storage_type(d);
+    std::string widen = d == DType::bf16 ? "KILN_GEMM_BF16" : d == DType::f16 ? "KILN_GEMM_F16" : "KILN_GEMM_PLAIN";
+    std::string cv = d == DType::bf16 ? "kiln_f32_to_bf16" : d == DType::f16 ? "kiln_f32_to_f16" : "(" + st + ")";
+    auto unit_or = [&](size_t slot, const std::string& e) { return strides_.size() > slot && strides_[slot] == Stride::unit ? "1" : e; };
     std::string s = "extern \"C\" void " + name_ + "(void* const* P, const int64_t* M, const uint64_t*) {\n";
     s += "  const int nd = (int)M[0];\n  const int64_t K = M[1];\n  const int64_t* sz = M + 2;\n";
     s += "  const int64_t* sa = sz + nd; const int64_t* sb = sa + nd; const int64_t* sc = sb + nd;\n";
-    s += "  const " + st + "* A0 = (const " + st + "*)P[0]; const " + st + "* B0 = (const " + st + "*)P[1]; " + st + "* C0 = (" + st + "*)P[2];\n";
     s += "  int64_t batch = 1; for (int d = 0; d + 2 < nd; ++d) batch *= sz[d];\n";
     s += "  const int64_t Mr = sz[nd - 2], N = sz[nd - 1];\n  if (batch * Mr * N == 0) return;\n";
-    s += "  const int64_t nt = (N + 255) / 256, mt = (Mr + 3) / 4;\n";
-    s += "#pragma omp parallel for schedule(dynamic)\n";
-    s += "  for (int64_t t = 0; t < batch * mt * nt; ++t) {\n";
-    s += "    const int64_t b = t / (mt * nt), i0 = (t / nt % mt) * 4, n0 = (t % nt) * 256;\n";
-    s += "    const int64_t nn = N - n0 < 256 ? N - n0 : 256, mm = Mr - i0 < 4 ? Mr - i0 : 4;\n";
-    s += "    int64_t oa = 0, ob = 0, oc = 0;\n";
-    s += "    { int64_t rr = b; for (int d = nd - 3; d >= 0; --d) { const int64_t ix = rr % sz[d]; rr /= sz[d]; oa += ix * sa[d]; ob += ix * sb[d]; oc += ix * sc[d]; } }\n";
-    s += "    " + acc + " acc[4][256];\n    for (int r = 0; r < 4; ++r) for (int j = 0; j < 256; ++j) acc[r][j] = 0;\n";
-    s += "    for (int64_t k = 0; k < K; ++k) {\n";
-    s += "      const " + st + "* brow = B0 + ob + k * sb[nd - 2] + n0 * " + bn + ";\n";
-    s += "      for (int64_t r = 0; r < mm; ++r) {\n";
-    s += "        const " + acc + " a = " + ld("A0", "oa + (i0 + r) * sa[nd - 2] + k * sa[nd - 1]") + ";\n";
-    s += "#pragma omp simd\n        for (int64_t j = 0; j < nn; ++j) acc[r][j] += a * " + ld("brow", ("j * " + bn).c_str()) + ";\n";
-    s += "      }\n    }\n";
-    s += "    for (int64_t r = 0; r < mm; ++r) for (int64_t j = 0; j < nn; ++j)\n";
-    s += "      C0[oc + (i0 + r) * sc[nd - 2] + (n0 + j) * sc[nd - 1]] = " + cv + "(acc[r][j]);\n";
-    return s + "  }\n}\n";
+    s += "  int64_t* oa = (int64_t*)malloc(size_t(3 * batch) * sizeof(int64_t)); int64_t* ob = oa + batch; int64_t* oc = ob + batch;\n";
+    s += "  for (int64_t b = 0; b < batch; ++b) {\n    oa[b] = ob[b] = oc[b] = 0;\n";
+    s += "    int64_t rr = b; for (int d = nd - 3; d >= 0; --d) { const int64_t ix = rr % sz[d]; rr /= sz[d]; oa[b] += ix * sa[d]; ob[b] += ix * sb[d]; oc[b] += ix * sc[d]; }\n  }\n";
+    s += "  struct Out { " + st + "* c; const int64_t* oc; int64_t sm, sn; } out{(" + st + "*)P[2], oc, sc[nd - 2], sc[nd - 1]};\n";
+    s += "  auto store = [](const void* ctx, int64_t b, int64_t i, int64_t j, int64_t n, const " + acc + "* v) {\n";
+    s += "    const Out& o = *(const Out*)ctx;\n    " + st + "* c = o.c + o.oc[b] + i * o.sm + j * o.sn;\n";
+    s += "    const int64_t sn = o.sn;\n#pragma omp simd\n    for (int64_t t = 0; t < n; ++t) c[t * sn] = " + cv + "(v[t]);\n  };\n";
+    s += "  KilnGemm<" + st + ", " + acc + ", " + widen + "> g{batch, Mr, N, K, (const " + st + "*)P[0], oa, sa[nd - 2], " +
+         unit_or(0, "sa[nd - 1]") + ", (const " + st + "*)P[1], ob, sb[nd - 2], " + unit_or(1, "sb[nd - 1]") + ", {store, &out}};\n";
+    return s + "  g.run();\n  free(oa);\n}\n";
   }
 
   const ir::Graph& g_;
@@ -275,6 +263,11 @@ class CppKernelWriter {
 // One translation unit for every kernel of a plan. `strides[k][slot]`.
 inline std::string cpp_source(const ir::Graph& g, const sched::Plan& plan, const std::vector<std::vector<Stride>>& strides) {
   std::string src = cpp_prelude();
+  for (const sched::Kernel& k : plan.kernels)
+    if (k.kind == sched::KernelKind::matmul) {
+      src += detail::read_device_file("cpu_gemm.hpp");
+      break;
+    }
   for (size_t k = 0; k < plan.kernels.size(); ++k) src += "\n" + CppKernelWriter(g, plan.kernels[k], int(k), strides[k]).write();
   return src;
 }
