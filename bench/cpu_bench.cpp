@@ -5,8 +5,10 @@
 // W3, W8), measured side by side in one run: kiln compiled (fused) and eager, a
 // plain fused loop (std::erf/std::exp, OpenMP), Eigen 3.4 arrays, and the machine's
 // copy bandwidth; then the JIT's latencies (cold compile, memory hit, disk hit as a
-// new process sees it) and how long g++ takes on an example that includes kiln.
-//   build/bench/cpu_bench [--reps N] [--warm] [--no-latency]
+// new process sees it) and how long g++ takes on an example that includes kiln; then
+// GEMM rows (square, and W4's products at a quarter of each width): kiln compiled and
+// eager beside OpenBLAS, in GFLOP/s.
+//   build/bench/cpu_bench [--reps N] [--warm] [--no-latency] [--no-gemm | --only-gemm]
 // Method: every output is checked against a float64 reference before timing;
 // warm-up calls keep the JIT out of the numbers; the implementations of a workload
 // are timed round-robin, so a noisy neighbour hits them alike; before every timed
@@ -34,6 +36,9 @@
 #include <kiln/kiln.hpp>
 #if KILN_BENCH_HAVE_OPENMP
 #include <omp.h>
+#endif
+#if KILN_BENCH_HAVE_BLAS
+#include <cblas.h>
 #endif
 #if KILN_BENCH_HAVE_EIGEN
 #include <Eigen/Dense>
@@ -177,7 +182,7 @@ struct Impl {
 
 struct Options {
   int reps = 21;
-  bool flush = true, latency = true;
+  bool flush = true, latency = true, gemm = true, only_gemm = false;
 };
 
 // Checks every implementation, then times them round-robin.
@@ -494,6 +499,115 @@ std::vector<Impl> bench_w8(const Options& o, Flusher& flush, Tol tol) {
   return v;
 }
 
+// ---- GEMM: kiln's blocked CPU GEMM beside OpenBLAS (cblas_sgemm / cblas_dgemm) ----
+// Square sizes, and the four products of W4 (the MLP) at a quarter of each width:
+// x [2048, 1024], W1 [1024, 4096], W2 [4096, 1024], h and dh [2048, 4096], dy [2048, 1024].
+// Compute-bound, so the caches are not flushed; the output is checked on 4096 sampled
+// elements against a float64 dot product of the (dtype-rounded) inputs.
+struct GemmCase {
+  std::string name;
+  int64_t m, k, n;
+  bool ta, tb;  // operand stored transposed (read through a transposed view / CblasTrans)
+  int dtype;    // 0: f32, 1: f64, 2: bf16 (OpenBLAS: sgemm on the same values in f32)
+  bool epilogue = false;  // gelu(A @ B + bias), the W4 forward layer
+};
+
+struct GemmRow {
+  GemmCase c;
+  std::vector<Impl> impls;
+  Tol tol;
+};
+
+template <class DT>
+GemmRow bench_gemm(const GemmCase& c, const Options& o, Flusher& flush) {
+  using S = typename DT::storage;
+  const int64_t M = c.m, K = c.k, N = c.n;
+  // Stored shapes: A is [M, K], or [K, M] when transposed; likewise B.
+  auto round = [&](std::vector<float> v) {
+    if (c.dtype == 2)
+      for (auto& e : v) e = bf16_round(e);
+    return v;
+  };
+  auto ha = round(randn(size_t(M * K), 11)), hb = round(randn(size_t(K * N), 12)), hbias = round(randn(size_t(N), 13));
+  auto a_at = [&](int64_t i, int64_t k) { return double(ha[size_t(c.ta ? k * M + i : i * K + k)]); };
+  auto b_at = [&](int64_t k, int64_t j) { return double(hb[size_t(c.tb ? j * K + k : k * N + j)]); };
+  std::mt19937 g(14);
+  std::vector<int64_t> si(4096), sj(4096);
+  std::vector<double> ref(4096);
+  for (size_t s = 0; s < si.size(); ++s) {
+    si[s] = int64_t(g() % uint64_t(M)), sj[s] = int64_t(g() % uint64_t(N));
+    double acc = 0;
+    for (int64_t k = 0; k < K; ++k) acc += a_at(si[s], k) * b_at(k, sj[s]);
+    if (c.epilogue) acc += hbias[size_t(sj[s])], acc = 0.5 * acc * (1 + std::erf(acc / std::sqrt(2.0)));
+    ref[s] = acc;
+  }
+  auto sample = [si, sj, N](const auto* p, auto conv) {
+    std::vector<double> out(si.size());
+    for (size_t s = 0; s < si.size(); ++s) out[s] = conv(p[si[s] * N + sj[s]]);
+    return Outs{out};
+  };
+  auto a = tensor<DT, 2>(c.ta ? kiln::Shape<2>{K, M} : kiln::Shape<2>{M, K}, ha);
+  auto b = tensor<DT, 2>(c.tb ? kiln::Shape<2>{N, K} : kiln::Shape<2>{K, N}, hb);
+  auto bias = tensor<DT, 1>({N}, hbias);
+  const bool ta = c.ta, tb = c.tb;
+  auto mm = [ta, tb](const auto& x, const auto& y) {
+    auto xv = [&] { return ta ? kiln::transpose(x, 0, 1) : kiln::transpose(kiln::transpose(x, 0, 1), 0, 1); };
+    auto yv = [&] { return tb ? kiln::transpose(y, 0, 1) : kiln::transpose(kiln::transpose(y, 0, 1), 0, 1); };
+    return kiln::matmul(xv(), yv());
+  };
+  using T = kiln::Tensor<DT, 2>;
+  auto ky = std::make_shared<T>(), ey = std::make_shared<T>();
+  auto conv = [](S v) { return kiln::to_double<DT>(v); };
+  std::vector<Impl> v;
+  const double flops = 2.0 * double(M) * double(N) * double(K);
+  if (c.epilogue) {
+    auto fn = [mm](const auto& x, const auto& y, const auto& bb) { return kiln::gelu(mm(x, y) + bb); };
+    auto fused = kiln::compile(fn), eager = kiln::compile(fn, kiln::Mode::eager);
+    v.push_back({"kiln compiled (fused)", flops, [=] { *ky = fused(a, b, bias); }, [=] { return sample(ky->host_data(), conv); }});
+    v.push_back({"kiln eager", flops, [=] { *ey = eager(a, b, bias); }, [=] { return sample(ey->host_data(), conv); }});
+  } else {
+    auto fused = kiln::compile(mm), eager = kiln::compile(mm, kiln::Mode::eager);
+    v.push_back({"kiln compiled (fused)", flops, [=] { *ky = fused(a, b); }, [=] { return sample(ky->host_data(), conv); }});
+    v.push_back({"kiln eager", flops, [=] { *ey = eager(a, b); }, [=] { return sample(ey->host_data(), conv); }});
+  }
+#if KILN_BENCH_HAVE_BLAS
+  const auto opa = c.ta ? CblasTrans : CblasNoTrans, opb = c.tb ? CblasTrans : CblasNoTrans;
+  const int lda = int(c.ta ? M : K), ldb = int(c.tb ? K : N);
+  const bool epi = c.epilogue;
+  if (c.dtype == 1) {
+    auto da = std::make_shared<std::vector<double>>(widen(ha)), db = std::make_shared<std::vector<double>>(widen(hb));
+    auto dc = std::make_shared<std::vector<double>>(size_t(M * N));
+    v.push_back({"OpenBLAS cblas_dgemm", flops,
+                 [=] { cblas_dgemm(CblasRowMajor, opa, opb, int(M), int(N), int(K), 1.0, da->data(), lda, db->data(), ldb, 0.0, dc->data(), int(N)); },
+                 [=] { return sample(dc->data(), [](double x) { return x; }); }});
+  } else {
+    auto fc = std::make_shared<std::vector<float>>(size_t(M * N));
+    v.push_back({c.dtype == 2 ? "OpenBLAS cblas_sgemm (f32)" : epi ? "OpenBLAS cblas_sgemm + loop" : "OpenBLAS cblas_sgemm", flops,
+                 [=, pa = ha.data(), pb = hb.data(), pbias = hbias.data()] {
+                   float* y = fc->data();
+                   cblas_sgemm(CblasRowMajor, opa, opb, int(M), int(N), int(K), 1.0f, pa, lda, pb, ldb, 0.0f, y, int(N));
+                   if (epi) {
+#pragma omp parallel for schedule(static)
+                     for (int64_t i = 0; i < M; ++i)
+                       for (int64_t j = 0; j < N; ++j) {
+                         float z = y[i * N + j] + pbias[j];
+                         y[i * N + j] = 0.5f * z * (1.0f + std::erf(z * 0.707106781f));
+                       }
+                   }
+                 },
+                 [=] { return sample(fc->data(), [](float x) { return double(x); }); }});
+  }
+#endif
+  // f32 and f64: the error of a K-long sum of products of normal values grows like K eps;
+  // bf16: the output's own rounding.
+  const Tol tol = c.dtype == 2 ? Tol{1e-2, 8e-3} : c.dtype == 1 ? Tol{1e-13 * double(K), 1e-12} : Tol{1e-6 * double(K), 1e-5};
+  Options go = o;
+  go.flush = false;
+  go.reps = std::max(5, o.reps / 3);
+  measure(v, Outs{ref}, tol, go, flush);
+  return {c, std::move(v), tol};
+}
+
 // ---- JIT latency, in a child process (the bench itself with --latency-child) ----
 // Prints "key value" lines: the first call of each workload (on small shapes, so the
 // time is the JIT's), the second call, per-call time on a 16-element tensor, counters.
@@ -654,6 +768,22 @@ std::string ms_cell(const Impl* im, bool best) {
   return b;
 }
 
+void print_gemm(const std::vector<GemmRow>& rows, bool best) {
+  std::printf("\nGEMM, %s (GFLOP/s = 2MNK / time; ratios: kiln compiled's GFLOP/s over the other's)\n",
+              best ? "BEST of the runs" : "MEDIAN of the runs");
+  std::printf("| %-40s | %9s | %8s | %9s | %8s | %9s | %8s | %9s |\n", "row (M x K x N)", "kiln ms", "GFLOP/s", "eager ms",
+              "GFLOP/s", "BLAS ms", "GFLOP/s", "kiln/BLAS");
+  std::printf("|---|--:|--:|--:|--:|--:|--:|--:|\n");
+  for (const auto& r : rows) {
+    const Impl* k = r.impls.size() > 0 ? &r.impls[0] : nullptr;
+    const Impl* e = r.impls.size() > 1 ? &r.impls[1] : nullptr;
+    const Impl* blas = r.impls.size() > 2 ? &r.impls[2] : nullptr;
+    auto gf = [&](const Impl* im) { return im ? im->bytes / (im->ms_of(best) * 1e-3) / 1e9 : NAN; };
+    std::printf("| %-40s | %9s | %8.1f | %9s | %8.1f | %9s | %8.1f | %8.2fx |\n", r.c.name.c_str(), ms_cell(k, best).c_str(), gf(k),
+                ms_cell(e, best).c_str(), gf(e), ms_cell(blas, best).c_str(), gf(blas), gf(k) / gf(blas));
+  }
+}
+
 struct Row {  // one line of the summary table
   std::string name;
   const Impl *kiln = nullptr, *eager = nullptr, *plain = nullptr, *eigen = nullptr;
@@ -687,8 +817,10 @@ int main(int argc, char** argv) {
     if (a == "--reps" && i + 1 < argc) o.reps = std::max(1, std::atoi(argv[++i]));
     else if (a == "--warm") o.flush = false;
     else if (a == "--no-latency") o.latency = false;
+    else if (a == "--no-gemm") o.gemm = false;
+    else if (a == "--only-gemm") o.gemm = true, o.only_gemm = true, o.latency = false;
     else {
-      std::printf("usage: %s [--reps N] [--warm] [--no-latency]\n", argv[0]);
+      std::printf("usage: %s [--reps N] [--warm] [--no-latency] [--no-gemm | --only-gemm]\n", argv[0]);
       return a == "--help" ? 0 : 2;
     }
   }
@@ -709,16 +841,39 @@ int main(int argc, char** argv) {
   const Copy copy = copy_bandwidth(o, flush);
 
   const Tol f32_tol{1e-6, 1e-5}, soft_tol{1e-9, 1e-5}, ln_tol{1e-5, 1e-4}, bf16_tol{1e-2, 8e-3};
-  auto r1 = bench_w1(o, flush, f32_tol);
-  print_impls("W1 y = gelu(x*a+b) * sigmoid(x), f32, 2^22 elements", r1, f32_tol, copy.gbs);
-  auto r2 = bench_w2(o, flush, soft_tol);
-  print_impls("W2 softmax(x, -1), f32 [512, 8192]", r2, soft_tol, copy.gbs);
-  auto r3b = bench_w3(o, flush, true, bf16_tol);
-  print_impls("W3 layer_norm(x, w, b), bf16 [1024, 4096]", r3b, bf16_tol, copy.gbs);
-  auto r3f = bench_w3(o, flush, false, ln_tol);
-  print_impls("W3 layer_norm(x, w, b), f32 [1024, 4096]", r3f, ln_tol, copy.gbs);
-  auto r8 = bench_w8(o, flush, f32_tol);
-  print_impls("W8 var_mean(x, -1), f32 [2048, 4096]", r8, f32_tol, copy.gbs);
+  std::vector<Impl> r1, r2, r3b, r3f, r8;
+  if (!o.only_gemm) {
+    r1 = bench_w1(o, flush, f32_tol);
+    print_impls("W1 y = gelu(x*a+b) * sigmoid(x), f32, 2^22 elements", r1, f32_tol, copy.gbs);
+    r2 = bench_w2(o, flush, soft_tol);
+    print_impls("W2 softmax(x, -1), f32 [512, 8192]", r2, soft_tol, copy.gbs);
+    r3b = bench_w3(o, flush, true, bf16_tol);
+    print_impls("W3 layer_norm(x, w, b), bf16 [1024, 4096]", r3b, bf16_tol, copy.gbs);
+    r3f = bench_w3(o, flush, false, ln_tol);
+    print_impls("W3 layer_norm(x, w, b), f32 [1024, 4096]", r3f, ln_tol, copy.gbs);
+    r8 = bench_w8(o, flush, f32_tol);
+    print_impls("W8 var_mean(x, -1), f32 [2048, 4096]", r8, f32_tol, copy.gbs);
+  }
+  std::vector<GemmRow> gemm;
+  if (o.gemm) {
+    const std::vector<GemmCase> cases = {
+        {"f32 512^3", 512, 512, 512, false, false, 0},
+        {"f32 1024^3", 1024, 1024, 1024, false, false, 0},
+        {"f32 2048^3", 2048, 2048, 2048, false, false, 0},
+        {"W4/4 x@W1 f32 2048x1024x4096", 2048, 1024, 4096, false, false, 0},
+        {"W4/4 gelu(x@W1+b1) f32", 2048, 1024, 4096, false, false, 0, true},
+        {"W4/4 h@W2 f32 2048x4096x1024", 2048, 4096, 1024, false, false, 0},
+        {"W4/4 dh@W1^T f32 2048x4096x1024 (B^T)", 2048, 4096, 1024, false, true, 0},
+        {"W4/4 h^T@dy f32 4096x2048x1024 (A^T)", 4096, 2048, 1024, true, false, 0},
+        {"W4/4 x@W1 bf16 2048x1024x4096", 2048, 1024, 4096, false, false, 2},
+        {"f64 1024^3", 1024, 1024, 1024, false, false, 1},
+    };
+    for (const auto& c : cases) {
+      gemm.push_back(c.dtype == 1 ? bench_gemm<kiln::f64>(c, o, flush)
+                                  : c.dtype == 2 ? bench_gemm<kiln::bf16>(c, o, flush) : bench_gemm<kiln::f32>(c, o, flush));
+      print_impls(("GEMM " + c.name + " (GB/s column: GFLOP/s)").c_str(), gemm.back().impls, gemm.back().tol, INFINITY);
+    }
+  }
 
   Latency L;
   if (o.latency) L = measure_latency();
@@ -738,8 +893,16 @@ int main(int argc, char** argv) {
   bool all_ok = true;
   for (const auto& r : rows)
     for (const Impl* im : {r.kiln, r.eager, r.plain, r.eigen}) all_ok &= !im || im->ok;
-  print_summary(rows, copy, false);
-  print_summary(rows, copy, true);
+  for (const auto& r : gemm)
+    for (const Impl& im : r.impls) all_ok &= im.ok;
+  if (!o.only_gemm) {
+    print_summary(rows, copy, false);
+    print_summary(rows, copy, true);
+  }
+  if (!gemm.empty()) {
+    print_gemm(gemm, false);
+    print_gemm(gemm, true);
+  }
   if (o.latency && !L.cold.names.empty()) {
     std::printf("\n| JIT (new process, fresh KILN_CACHE_DIR) | W1 | W2 | W3 bf16 | W8 |\n|---|---|---|---|---|\n");
     auto line = [](const char* what, const std::vector<double>& v, double scale, const char* fmt) {
