@@ -16,13 +16,6 @@ using namespace kiln::test;
 
 namespace {
 
-// How many times `what` occurs in `text`.
-size_t occurrences(const std::string& text, const std::string& what) {
-  size_t n = 0;
-  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-  return n;
-}
-
 Array w1_ref(const Array& x, const Array& a, const Array& b) {
   Array z = ref::zip3(x, a, b, [](double p, double q, double r) { return p * q + r; });
   return ref::zip(z, x, [](double v, double p) { return ref::gelu(v) * ref::sigmoid(p); });

@@ -748,6 +748,13 @@ class Batch {
   std::vector<std::function<Array(const ir::Graph&, const runtime::Bound&, int, Mode)>> checks_;
 };
 
+// How many times `what` occurs in `text` (kernels of a kind in explain()'s plan, say).
+inline size_t occurrences(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
 // f(std::integral_constant<Prim, P>) for every row P of kPrims, in table order.
 template <class F>
 void for_each_row(F&& f) {

@@ -7,7 +7,7 @@
 // (`omp simd`) and OpenMP across rows or chunks. Every kernel has the signature
 //   void kiln_k<i>(void* const* P, const int64_t* M, const uint64_t* A)
 // P: slot pointers; A: params; M: [nd, nouter, sizes[nd], strides[nslots][nd]]
-// (matmul: [nd, K, sizes[nd], strides of A, B, C]).
+// (matmul: [nd, K, sizes[nd], strides[nslots][nd]], slots 0 and 1 its operands).
 #pragma once
 #include <string>
 
@@ -76,11 +76,7 @@ class CppKernelWriter {
   }
   std::string load(int slot) const {
     std::string si = std::to_string(slot);
-    DType d = g_.nodes[size_t(l_.slots[size_t(slot)].node)].dtype;
-    std::string e = "q" + si + "[j * s" + si + "]";
-    if (d == DType::bf16) return "kiln_bf16_to_f32(" + e + ")";
-    if (d == DType::f16) return "kiln_f16_to_f32(" + e + ")";
-    return e;
+    return to_compute(g_.nodes[size_t(l_.slots[size_t(slot)].node)].dtype, "q" + si + "[j * s" + si + "]");
   }
   std::string index(int slot) const {
     std::string si = std::to_string(slot);
@@ -88,12 +84,7 @@ class CppKernelWriter {
   }
   std::string store(const sched::Store& st, int slot, const std::string& v) const {
     std::string si = std::to_string(slot);
-    DType d = g_.nodes[size_t(st.buffer)].dtype;
-    std::string e = v;
-    if (d == DType::bf16) e = "kiln_f32_to_bf16(" + v + ")";
-    else if (d == DType::f16) e = "kiln_f32_to_f16(" + v + ")";
-    else e = "(" + storage_type(d) + ")(" + v + ")";
-    return "q" + si + "[j * s" + si + "] = " + e + ";\n";
+    return "q" + si + "[j * s" + si + "] = " + to_storage(g_.nodes[size_t(st.buffer)].dtype, v) + ";\n";
   }
   // Per-slot base pointers for a chunk: q<i> = b<i> + o<i> (+ i<i>); rand slots carry a counter.
   std::string bases(const std::string& indent, bool inner) const {
@@ -228,28 +219,30 @@ class CppKernelWriter {
     return s;
   }
 
-  // The blocked GEMM of codegen/device/cpu_gemm.hpp; every C element leaves through `store`.
+  // The blocked GEMM of codegen/device/cpu_gemm.hpp; every C element leaves through `store`, which
+  // runs the epilogue (MatmulEpilogue::store): the matmul's own store if kept, and the fused consumers.
   std::string matmul() {
-    const ir::Node& c = g_.nodes[size_t(k_.stores[0].value)];
-    DType d = c.dtype;
+    MatmulEpilogue ep(g_, k_, l_);
+    DType d = ep.dtype();
     std::string acc = d == DType::f64 ? "double" : info(d).is_float ? "float" : "int64_t", st = storage_type(d);
     std::string widen = d == DType::bf16 ? "KILN_GEMM_BF16" : d == DType::f16 ? "KILN_GEMM_F16" : "KILN_GEMM_PLAIN";
-    std::string cv = d == DType::bf16 ? "kiln_f32_to_bf16" : d == DType::f16 ? "kiln_f32_to_f16" : "(" + st + ")";
     auto unit_or = [&](size_t slot, const std::string& e) { return strides_.size() > slot && strides_[slot] == Stride::unit ? "1" : e; };
-    std::string s = "extern \"C\" void " + name_ + "(void* const* P, const int64_t* M, const uint64_t*) {\n";
+    std::string s = "extern \"C\" void " + name_ + "(void* const* P, const int64_t* M, const uint64_t* A) {\n";
     s += "  const int nd = (int)M[0];\n  const int64_t K = M[1];\n  const int64_t* sz = M + 2;\n";
-    s += "  const int64_t* sa = sz + nd; const int64_t* sb = sa + nd; const int64_t* sc = sb + nd;\n";
+    s += "  const int64_t* sa = sz + nd; const int64_t* sb = sa + nd;\n";
     s += "  int64_t batch = 1; for (int d = 0; d + 2 < nd; ++d) batch *= sz[d];\n";
     s += "  const int64_t Mr = sz[nd - 2], N = sz[nd - 1];\n  if (batch * Mr * N == 0) return;\n";
-    s += "  int64_t* oa = (int64_t*)malloc(size_t(3 * batch) * sizeof(int64_t)); int64_t* ob = oa + batch; int64_t* oc = ob + batch;\n";
-    s += "  for (int64_t b = 0; b < batch; ++b) {\n    oa[b] = ob[b] = oc[b] = 0;\n";
-    s += "    int64_t rr = b; for (int d = nd - 3; d >= 0; --d) { const int64_t ix = rr % sz[d]; rr /= sz[d]; oa[b] += ix * sa[d]; ob[b] += ix * sb[d]; oc[b] += ix * sc[d]; }\n  }\n";
-    s += "  struct Out { " + st + "* c; const int64_t* oc; int64_t sm, sn; } out{(" + st + "*)P[2], oc, sc[nd - 2], sc[nd - 1]};\n";
-    s += "  auto store = [](const void* ctx, int64_t b, int64_t i, int64_t j, int64_t n, const " + acc + "* v) {\n";
-    s += "    const Out& o = *(const Out*)ctx;\n    " + st + "* c = o.c + o.oc[b] + i * o.sm + j * o.sn;\n";
-    s += "    const int64_t sn = o.sn;\n#pragma omp simd\n    for (int64_t t = 0; t < n; ++t) c[t * sn] = " + cv + "(v[t]);\n  };\n";
+    s += "  int64_t* oa = (int64_t*)malloc(size_t(2 * batch) * sizeof(int64_t)); int64_t* ob = oa + batch;\n";
+    s += "  for (int64_t b = 0; b < batch; ++b) {\n    oa[b] = ob[b] = 0;\n";
+    s += "    int64_t rr = b; for (int d = nd - 3; d >= 0; --d) { const int64_t ix = rr % sz[d]; rr /= sz[d]; oa[b] += ix * sa[d]; ob[b] += ix * sb[d]; }\n  }\n";
+    s += "  struct Args { void* const* P; const int64_t* M; const uint64_t* A; } args{P, M, A};\n";
+    s += "  auto store = [](const void* ctx, int64_t b, int64_t i, int64_t j, int64_t n, const " + acc + "* row) {\n";
+    s += "    void* const* P = ((const Args*)ctx)->P; const int64_t* M = ((const Args*)ctx)->M; const uint64_t* A = ((const Args*)ctx)->A;\n";
+    s += "    const int nd = (int)M[0]; const int64_t* sz = M + 2; (void)A;\n";
+    s += ep.prelude("b", "__restrict", "    ");
+    s += "#pragma omp simd\n    for (int64_t t = 0; t < n; ++t) {\n" + ep.store("i", "j + t", "row[t]", "      ") + "    }\n  };\n";
     s += "  KilnGemm<" + st + ", " + acc + ", " + widen + "> g{batch, Mr, N, K, (const " + st + "*)P[0], oa, sa[nd - 2], " +
-         unit_or(0, "sa[nd - 1]") + ", (const " + st + "*)P[1], ob, sb[nd - 2], " + unit_or(1, "sb[nd - 1]") + ", {store, &out}};\n";
+         unit_or(0, "sa[nd - 1]") + ", (const " + st + "*)P[1], ob, sb[nd - 2], " + unit_or(1, "sb[nd - 1]") + ", {store, &args}};\n";
     return s + "  g.run();\n  free(oa);\n}\n";
   }
 

@@ -5,7 +5,7 @@
 // around them). Takes a GemmConfig (tile shapes, as compile-time constants), the
 // operands' layouts (which dim of A and of B is contiguous) and the dtype; gives
 // the body of one kernel over the matmul argument block
-//   M = [nd, K, sizes[nd], strides of A, B, C (nd each)]
+//   M = [nd, K, sizes[nd], strides[slot][nd]] (slots 0 and 1: A and B)
 // with C[b, m, n] = sum_k A[b, m, k] B[b, k, n], one output tile per block,
 // blockIdx.z the batch (broadcast batch dims have stride 0).
 //
@@ -148,20 +148,21 @@ class GemmWriter {
   GemmWriter(const GemmConfig& c, const GemmOperands& o, DType d, GemmStore store)
       : c_(c), o_(o), d_(d), store_(std::move(store)) {}
 
-  // The kernel body: P, M are in scope; declares the operands and shapes, then the tile loop and the stores.
-  std::string body() const {
+  // The kernel body: P, M are in scope; declares the operands and shapes, then `prelude` (the
+  // epilogue's names: MatmulEpilogue::prelude), then the tile loop and the stores.
+  std::string body(const std::string& prelude = "") const {
     std::string st = storage(), s;
     s += "  const int nd = (int)M[0];\n  const int64_t K = M[1];\n  const int64_t* sz = M + 2;\n";
-    s += "  const int64_t* sa = sz + nd; const int64_t* sb = sa + nd; const int64_t* sc = sb + nd;\n";
+    s += "  const int64_t* sa = sz + nd; const int64_t* sb = sa + nd;\n";
     s += "  const " + st + "* __restrict__ A0 = (const " + st + "*)P[0]; const " + st + "* __restrict__ B0 = (const " + st +
          "*)P[1];\n";
     s += "  const int64_t Mr = sz[nd - 2], N = sz[nd - 1];\n";
     s += "  const int64_t sam = sa[nd - 2], sak = sa[nd - 1], sbk = sb[nd - 2], sbn = sb[nd - 1];\n";
     s += "  (void)sam; (void)sak; (void)sbk; (void)sbn;\n";
-    s += "  int64_t oa = 0, ob = 0, oc = 0;\n";
+    s += "  int64_t oa = 0, ob = 0;\n";
     s += "  { int64_t rr = blockIdx.z; for (int d = nd - 3; d >= 0; --d) { const int64_t ix = rr % sz[d]; rr /= sz[d]; "
-         "oa += ix * sa[d]; ob += ix * sb[d]; oc += ix * sc[d]; } }\n";
-    s += "  A0 += oa; B0 += ob;\n";
+         "oa += ix * sa[d]; ob += ix * sb[d]; } }\n";
+    s += "  A0 += oa; B0 += ob;\n" + prelude;
     s += "  constexpr int BM = " + std::to_string(c_.bm) + ", BN = " + std::to_string(c_.bn) + ", BK = " + std::to_string(c_.bk) +
          ", WM = " + std::to_string(c_.wm) + ", WN = " + std::to_string(c_.wn) + ", NT = " + std::to_string(c_.threads()) + ";\n";
     // Grouped raster: consecutive blocks share A row panels (8 tiles tall) so they meet in L2.

@@ -51,12 +51,8 @@ class GpuKernelWriter {
   GpuKernelWriter(const ir::Graph& g, const sched::Kernel& k, int index, const GpuVariant& v)
       : g_(g), k_(k), l_(layout(g, k)), v_(v), name_("kiln_k" + std::to_string(index)) {}
 
-  // Bytes of the argument struct: p, then m, then a (all 8-byte fields).
-  static size_t meta_words(const ir::Graph& g, const sched::Kernel& k) {
-    (void)g;
-    if (k.kind == sched::KernelKind::matmul) return 2 + 4 * kMaxRank;
-    return 2 + kMaxRank + layout(g, k).slots.size() * kMaxRank;
-  }
+  // Words of the argument struct's m: [nd, no or K, sizes, strides per slot].
+  static size_t meta_words(const ir::Graph& g, const sched::Kernel& k) { return 2 + kMaxRank + layout(g, k).slots.size() * kMaxRank; }
 
   std::string write() {
     size_t ns = std::max<size_t>(l_.slots.size(), 1), nm = meta_words(g_, k_), nw = std::max(l_.words, 1);
@@ -104,16 +100,6 @@ class GpuKernelWriter {
       else s += ind + "const " + stype(int(i)) + "* __restrict__ q" + si + " = b" + si + " + " + o + ";\n";
     }
     return s;
-  }
-  static std::string to_compute(DType d, const std::string& e) {
-    if (d == DType::bf16) return "kiln_bf16_to_f32(" + e + ")";
-    if (d == DType::f16) return "kiln_f16_to_f32(" + e + ")";
-    return e;
-  }
-  static std::string to_storage(DType d, const std::string& v) {
-    if (d == DType::bf16) return "kiln_f32_to_bf16(" + v + ")";
-    if (d == DType::f16) return "kiln_f32_to_f16(" + v + ")";
-    return "(" + storage_type(d) + ")(" + v + ")";
   }
   DType slot_dtype(int i) const { return g_.nodes[size_t(l_.slots[size_t(i)].node)].dtype; }
   int slot_of_store(size_t s) const {
@@ -329,17 +315,12 @@ class GpuKernelWriter {
     return s;
   }
 
+  // The GEMM (codegen/gemm.hpp); every output element leaves through the epilogue (MatmulEpilogue::store).
   std::string matmul() {
-    DType d = g_.nodes[size_t(k_.stores[0].value)].dtype;
-    return GemmWriter(v_.gemm, v_.gemm_ops, d, [&](const std::string& row, const std::string& col, const std::string& v) {
-             return matmul_store(d, row, col, v);
-           }).body();
-  }
-  // The one place a matmul kernel writes C[row, col] (value v in the compute type);
-  // oc is the batch's offset into C.
-  std::string matmul_store(DType d, const std::string& row, const std::string& col, const std::string& v) const {
-    std::string st = storage_type(d);
-    return "((" + st + "*)P[2])[oc + (" + row + ") * sc[nd - 2] + (" + col + ") * sc[nd - 1]] = " + to_storage(d, v) + ";";
+    MatmulEpilogue ep(g_, k_, l_);
+    return GemmWriter(v_.gemm, v_.gemm_ops, ep.dtype(), [&](const std::string& row, const std::string& col, const std::string& v) {
+             return ep.store(row, col, v, "");
+           }).body(ep.prelude("blockIdx.z", "__restrict__", "  "));
   }
 
   const ir::Graph& g_;

@@ -124,6 +124,88 @@ class ValueEmitter {
   std::unordered_map<int, std::string> names_;
 };
 
+// A stored element to compute type and back (both dialects' device code has these helpers).
+inline std::string to_compute(DType d, const std::string& e) {
+  if (d == DType::bf16) return "kiln_bf16_to_f32(" + e + ")";
+  if (d == DType::f16) return "kiln_f16_to_f32(" + e + ")";
+  return e;
+}
+inline std::string to_storage(DType d, const std::string& v) {
+  if (d == DType::bf16) return "kiln_f32_to_bf16(" + v + ")";
+  if (d == DType::f16) return "kiln_f32_to_f16(" + v + ")";
+  return "(" + storage_type(d) + ")(" + v + ")";
+}
+
+// The seam between a GEMM loop and the rest of its kernel: every GEMM a dialect
+// emits (codegen/cpp.hpp's, codegen/gemm.hpp's) finishes output element
+// (row, col) with store(row, col, v), which writes the matmul's own store if the
+// plan keeps it and every epilogue output (bias, activation, residual, cast:
+// sched/schedule.hpp). The kernel's meta is [nd, K, sizes[nd], strides[slot][nd]]
+// (slots 0 and 1: the operands). prelude() declares, once per batch entry:
+//   est       the slot strides (slot i, dim d: est[i * nd + d])
+//   p<i>      each slot's typed pointer
+//   e<i>      each slot's offset for this batch entry
+// and needs nd, sz (M + 2), P and A in scope; store() needs the prelude's names.
+class MatmulEpilogue {
+ public:
+  MatmulEpilogue(const ir::Graph& g, const sched::Kernel& k, const Layout& l) : g_(g), k_(k), l_(l) {}
+
+  DType dtype() const { return g_.nodes[size_t(k_.domain)].dtype; }
+  // `batch`: a flat index over the dims before the last two; `restrict_kw`: the dialect's spelling.
+  std::string prelude(const std::string& batch, const std::string& restrict_kw, const std::string& ind) const {
+    std::string s = ind + "const int64_t* est = sz + nd;\n", acc;
+    for (size_t i = 0; i < l_.slots.size(); ++i) {
+      std::string si = std::to_string(i);
+      if (l_.slots[i].role != SlotRole::rand) {
+        std::string t = storage_type(g_.nodes[size_t(l_.slots[i].node)].dtype);
+        std::string ptr = (l_.slots[i].role == SlotRole::store ? "" : "const ") + t + "*";
+        s += ind + ptr + " " + restrict_kw + " p" + si + " = (" + ptr + ")P[" + si + "]; (void)p" + si + ";\n";
+      }
+      s += ind + "int64_t e" + si + " = 0;\n";
+      acc += " e" + si + " += ix * est[" + si + " * nd + d];";
+    }
+    return s + ind + "{ int64_t rr = " + batch + "; for (int d = nd - 3; d >= 0; --d) { const int64_t ix = rr % sz[d]; rr /= sz[d];" +
+           acc + " } }\n";
+  }
+  // Statements that store output element (row, col) given the accumulator `v`.
+  std::string store(const std::string& row, const std::string& col, const std::string& v, const std::string& ind) const {
+    std::vector<uint8_t> used(l_.slots.size(), 0);
+    auto at = [&](int i) {
+      used[size_t(i)] = 1;
+      return "x" + std::to_string(i);
+    };
+    auto load = [&](int i) { return to_compute(g_.nodes[size_t(l_.slots[size_t(i)].node)].dtype, "p" + std::to_string(i) + "[" + at(i) + "]"); };
+    ValueEmitter ve(g_, k_, l_);
+    const ir::Node& mm = g_.nodes[size_t(k_.domain)];
+    std::string body = ind + "const " + compute_type(mm.dtype) + " v" + std::to_string(k_.domain) + " = (" + compute_type(mm.dtype) + ")(" + v + ");\n";
+    ve.bind(k_.domain, "v" + std::to_string(k_.domain));
+    std::string tail;
+    for (size_t s = 0; s < k_.stores.size(); ++s) {
+      std::string val = ve.value(k_.stores[s].value, body, ind, load, at);
+      int i = slot_of_store(int(s));
+      tail += ind + "p" + std::to_string(i) + "[" + at(i) + "] = " + to_storage(g_.nodes[size_t(k_.stores[s].buffer)].dtype, val) + ";\n";
+    }
+    std::string offs;
+    for (size_t i = 0; i < used.size(); ++i) {
+      if (!used[i]) continue;
+      std::string si = std::to_string(i);
+      offs += ind + "const int64_t x" + si + " = e" + si + " + (" + row + ") * est[" + si + " * nd + nd - 2] + (" + col + ") * est[" + si +
+              " * nd + nd - 1];\n";
+    }
+    return offs + body + tail;
+  }
+
+ private:
+  int slot_of_store(int s) const {
+    for (size_t i = 0; i < l_.slots.size(); ++i)
+      if (l_.slots[i].role == SlotRole::store && l_.slots[i].store == s) return int(i);
+    return -1;
+  }
+  const ir::Graph& g_;
+  const sched::Kernel& k_;
+  const Layout& l_;
+};
+
 // Reduction combine and identity, in the accumulator's type.
 inline std::string reduce_identity(Prim op, DType d) {
   std::string t = compute_type(d);

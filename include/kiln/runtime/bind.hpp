@@ -146,24 +146,22 @@ inline KernelArgs bind_kernel(const ir::Graph& g, const sched::Kernel& k, const 
   }
   const ir::Node& dn = g.nodes[size_t(k.domain)];
 
-  if (k.kind == sched::KernelKind::matmul) {
-    const ir::Node& c = g.nodes[size_t(k.stores[0].value)];
-    const ir::Node& A = g.child(c, 0);
-    int nd = c.rank;
-    a.meta = {nd, A.shape[size_t(A.rank - 1)]};
-    for (int i = 0; i < nd; ++i) a.meta.push_back(c.shape[size_t(i)]);
-    for (size_t s = 0; s < 3; ++s) {
-      const View& v = sv[s];
-      for (int i = 0; i < nd - 2; ++i) {  // batch dims, right-aligned, broadcast → 0
-        int j = i - (nd - v.rank);
-        a.meta.push_back(j >= 0 && v.shape[size_t(j)] != 1 ? v.strides[size_t(j)] : 0);
+  if (k.kind == sched::KernelKind::matmul) {  // meta: [nd, K, sizes[nd], strides[slot][nd]]
+    const ir::Node& A = g.child(dn, 0);
+    int nd = dn.rank;
+    int64_t K = A.shape[size_t(A.rank - 1)];
+    a.meta = {nd, K};
+    for (int i = 0; i < nd; ++i) a.meta.push_back(dn.shape[size_t(i)]);
+    for (size_t s = 0; s < ns; ++s)  // every slot right-aligned to the output's rank, broadcast dims 0
+      for (int i = 0; i < nd; ++i) {
+        int j = i - (nd - sv[s].rank);
+        a.meta.push_back(j >= 0 && sv[s].shape[size_t(j)] != 1 ? sv[s].strides[size_t(j)] : 0);
       }
-      a.meta.push_back(v.strides[size_t(v.rank - 2)]);
-      a.meta.push_back(v.strides[size_t(v.rank - 1)]);
-    }
     auto cls = [](int64_t s) { return s == 1 ? codegen::Stride::unit : codegen::Stride::any; };
-    a.strides = {cls(sv[0].strides[size_t(sv[0].rank - 1)]), cls(sv[1].strides[size_t(sv[1].rank - 1)]), codegen::Stride::any};
-    a.work = c.numel() * std::max<int64_t>(A.shape[size_t(A.rank - 1)], 1);  // K = 0 still writes zeros
+    a.strides.assign(ns, codegen::Stride::any);
+    a.strides[0] = cls(sv[0].strides[size_t(sv[0].rank - 1)]);
+    a.strides[1] = cls(sv[1].strides[size_t(sv[1].rank - 1)]);
+    a.work = dn.numel() * std::max<int64_t>(K, 1);  // K = 0 still writes zeros
     return a;
   }
 

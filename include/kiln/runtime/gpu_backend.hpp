@@ -61,7 +61,7 @@ inline codegen::GemmProblem gemm_problem(const ir::Graph& g, const sched::Kernel
   auto stride = [&](int slot, int d) { return a.meta[size_t(2 + nd + slot * nd + d)]; };
   p.k = a.meta[1], p.m = size(nd - 2), p.n = size(nd - 1);
   for (int d = 0; d + 2 < nd; ++d) p.batch *= size(d);
-  p.dtype = g.nodes[size_t(k.stores[0].value)].dtype;
+  p.dtype = g.nodes[size_t(k.domain)].dtype;
   p.arch = arch, p.sm_count = std::max(sm_count, 1);
   // A [M, K]: K-major when K is contiguous (or M is 1); B [K, N]: K-major when K is contiguous and N is not.
   p.ops.a_k_major = stride(0, nd - 1) == 1 || p.k == 1 || (p.m != 1 && stride(0, nd - 2) != 1);

@@ -15,8 +15,13 @@
 // - a pointwise output whose shape is that domain, or the domain with the
 //   reduced dims at 1, joins the rows kernel (softmax, layer_norm: one kernel);
 // - pointwise outputs of one shape share a kernel (several outputs, one launch);
-// - matmul, concat and pad are kernels of their own; views read materialized
-//   values; every merge is refused if it would make the kernel graph cyclic.
+// - a pointwise output whose shape is a matmul's output shape and that reads the
+//   matmul joins its kernel as the epilogue, computed per output element at store
+//   time (bias, activation, residual, scale, cast: gelu(x@W + b) is one kernel);
+//   the matmul itself is stored only if another kernel or the caller reads it;
+// - matmul, concat and pad otherwise are kernels of their own; views read
+//   materialized values (so a view of a matmul never joins its epilogue); every
+//   merge is refused if it would make the kernel graph cyclic.
 #pragma once
 #include <algorithm>
 #include <string>
@@ -38,12 +43,12 @@ struct Store {
 
 struct Kernel {
   KernelKind kind = KernelKind::pointwise;
-  int domain = -1;         // node whose shape is the iteration domain (rows: the reduced input)
+  int domain = -1;         // node whose shape is the iteration domain (rows: the reduced input; matmul: the matmul)
   uint32_t axes = 0;       // rows: reduced axes of the domain
   std::vector<int> reduces;        // rows: reductions computed here, in dependency order
   std::vector<int> reduce_level;   // rows: pass of each reduction (0-based)
-  std::vector<Store> stores;
-  std::vector<int> loads;   // nodes read from memory
+  std::vector<Store> stores;  // matmul: the matmul (if kept) and its epilogue's outputs
+  std::vector<int> loads;   // nodes read from memory (matmul: its two operands first)
   std::vector<int> params;  // nodes passed by value (scalars, pad values, rand seeds)
   std::vector<int> deps;    // kernels that must run before
   bool row_store(const Store& s) const { return row_level_.size() && row_level_[size_t(&s - stores.data())]; }
@@ -158,7 +163,7 @@ class Scheduler {
     for (size_t id = 0; id < g_.nodes.size(); ++id) place(int(id));
     for (int o : g_.outputs) place_output(o);
     for (auto& k : plan_.kernels) finish(k);
-    drop_register_reduces();
+    drop_unread_stores();
     order();
     return std::move(plan_);
   }
@@ -232,6 +237,12 @@ class Scheduler {
       if (n.op == Prim::concat || n.op == Prim::pad || n.op == Prim::matmul) continue;
       for (int a = 0; a < n.nargs; ++a) stack.push_back(g_.arg(n, a));
     }
+  }
+  // Whether the cone of `id` reads a value kernel k computes.
+  bool uses_kernel(int id, int k) {
+    bool uses = false;
+    walk_cone(id, -1, [&](int b) { uses |= kernel_of_[size_t(b)] == k; });
+    return uses;
   }
   // Kernels whose buffers the cone of `root` (inside kernel k) reads.
   std::vector<int> cone_deps(int root, int k) {
@@ -354,11 +365,10 @@ class Scheduler {
         Kernel& K = plan_.kernels[size_t(k)];
         bool fits = false;
         if (K.kind == KernelKind::rows) {
-          fits = same_shape(id, K.domain) || same_shape(id, K.domain, K.axes);
           // it must actually use one of this kernel's reductions
-          bool uses = false;
-          walk_cone(id, -1, [&](int b) { uses |= kernel_of_[size_t(b)] == k; });
-          fits = fits && uses;
+          fits = (same_shape(id, K.domain) || same_shape(id, K.domain, K.axes)) && uses_kernel(id, k);
+        } else if (K.kind == KernelKind::matmul) {
+          fits = same_shape(id, K.domain) && uses_kernel(id, k);  // an epilogue of the matmul
         } else if (K.kind == KernelKind::pointwise && K.stores[0].into == StoreInto::whole &&
                    node(K.stores[0].buffer).op != Prim::pad) {
           fits = same_shape(id, K.domain);
@@ -403,11 +413,11 @@ class Scheduler {
       add_unique(in_memory ? K.loads : K.params, b);  // scalars and rand seeds travel by value
     };
     if (K.kind == KernelKind::matmul) {
-      const ir::Node& n = node(K.stores[0].value);
-      K.loads = {g_.arg(n, 0), g_.arg(n, 1)};
-      return;
+      const ir::Node& n = node(K.domain);
+      K.loads = {g_.arg(n, 0), g_.arg(n, 1)};  // NOTE: always slots 0 and 1, even if an epilogue reads them too
     }
     for (const Store& s : K.stores) {
+      if (s.value == K.domain && K.kind == KernelKind::matmul) continue;
       if (node(s.value).op == Prim::pad && s.value == s.buffer) {
         add_unique(K.params, s.value);  // the fill kernel stores the pad value
         continue;
@@ -451,8 +461,9 @@ class Scheduler {
     }
   }
 
-  // A reduction read by no other kernel and not an output lives in a register.
-  void drop_register_reduces() {
+  // A reduction read by no other kernel and not an output lives in a register; so
+  // does a matmul whose every reader is its epilogue.
+  void drop_unread_stores() {
     std::vector<uint8_t> loaded(g_.nodes.size(), 0);
     for (auto& K : plan_.kernels)
       for (int l : K.loads) {
@@ -460,22 +471,30 @@ class Scheduler {
         while (node(id).op == Prim::view && !plan_.materialize[size_t(id)]) loaded[size_t(id)] = 1, id = g_.arg(node(id), 0);
         loaded[size_t(id)] = 1;
       }
-    for (auto& K : plan_.kernels)
+    auto needed = [&](int r) {
+      bool stored_as_output = is_output_[size_t(r)];
+      for (size_t v = 0; v < g_.nodes.size(); ++v) {  // an output view of it needs the buffer too
+        if (!is_output_[v]) continue;
+        int id = int(v);
+        while (node(id).op == Prim::view) id = g_.arg(node(id), 0);
+        stored_as_output |= id == r;
+      }
+      return loaded[size_t(r)] || stored_as_output;
+    };
+    for (auto& K : plan_.kernels) {
       for (int r : K.reduces) {
-        bool stored_as_output = is_output_[size_t(r)];
-        for (size_t v = 0; v < g_.nodes.size(); ++v) {  // an output view of it needs the buffer too
-          if (!is_output_[v]) continue;
-          int id = int(v);
-          while (node(id).op == Prim::view) id = g_.arg(node(id), 0);
-          stored_as_output |= id == r;
-        }
-        if (loaded[size_t(r)] || stored_as_output) {
+        if (needed(r)) {
           K.stores.push_back({r, r});
           K.row_level_.push_back(1);
         } else {
           plan_.materialize[size_t(r)] = 0;
         }
       }
+      if (K.kind == KernelKind::matmul && K.stores.size() > 1 && !needed(K.domain)) {
+        K.stores.erase(K.stores.begin());  // the matmul's own store comes first
+        plan_.materialize[size_t(K.domain)] = 0;
+      }
+    }
   }
 
   // Kernels in dependency order (stable: creation order where free).
@@ -519,7 +538,8 @@ inline std::string Plan::describe(const ir::Graph& g) const {
   static const char* kinds[] = {"pointwise", "rows", "matmul"};
   for (size_t i = 0; i < kernels.size(); ++i) {
     const Kernel& k = kernels[i];
-    s += "kernel " + std::to_string(i) + " (" + kinds[int(k.kind)] + "): stores";
+    s += "kernel " + std::to_string(i) + " (" + kinds[int(k.kind)] +
+         (k.kind == KernelKind::matmul ? " %" + std::to_string(k.domain) : "") + "): stores";
     for (const Store& st : k.stores) s += " %" + std::to_string(st.value) + ":" + std::string(prim_info(g.nodes[size_t(st.value)].op).name);
     if (!k.reduces.empty()) {
       s += "; reduces";
