@@ -19,3 +19,4 @@
 #include "kiln/runtime/eval.hpp"
 #include "kiln/runtime/hip_backend.hpp"
 #include "kiln/runtime/precompile.hpp"
+#include "kiln/tune/db.hpp"

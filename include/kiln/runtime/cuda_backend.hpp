@@ -11,6 +11,7 @@
 // built once picks the GPU where one exists. What is CUDA's alone is the device
 // API policy below.
 #pragma once
+#include "kiln/runtime/cublaslt.hpp"
 #include "kiln/runtime/cuda_runtime.hpp"
 #include "kiln/runtime/gpu_backend.hpp"
 
@@ -19,6 +20,21 @@ namespace kiln::runtime {
 struct CudaDeviceApi : GpuDeviceApi<DeviceKind::cuda, codegen::GpuDialect::cuda> {
   static cu::CudaDevice& device(int ordinal) { return cu::cuda_device(ordinal); }
   static bool present() noexcept { return cu::cuda_available() && cu::cuda_device_count() > 0; }
+  using Timer = cu::EventTimer;
+  static std::string arch_name(cu::CudaDevice& dev) {
+    return "sm_" + std::to_string(dev.properties().cc_major * 10 + dev.properties().cc_minor);
+  }
+
+  // cuBLASLt, one more max-autotune candidate where it computes a matmul kernel exactly.
+  static constexpr const char* kLibraryGemm = "cublaslt";
+  static bool library_gemm_applies(const ir::Graph& g, const sched::Kernel& k, const codegen::Layout& l, const KernelArgs& a) {
+    return cublaslt::available() && cublaslt::gemm_for(g, k, l, a).has_value();
+  }
+  static bool library_gemm(const ir::Graph& g, const sched::Kernel& k, const codegen::Layout& l, const KernelArgs& a,
+                           cu::CudaDevice& dev) {
+    auto r = cublaslt::gemm_for(g, k, l, a);
+    return r && cublaslt::run(*r, dev, dev.stream());
+  }
 
   // The driver's synchronous copies (cuMemcpy*); a failure names the last kernel launched.
   static void copy(void* dst, Device dd, const void* src, Device sd, size_t bytes) {

@@ -21,8 +21,13 @@
 namespace kiln {
 
 // eager: one kernel per primitive (the baseline, and an explicit fallback);
-// fused: kiln's fusion (the default).
-enum class Mode : uint8_t { eager, fused };
+// fused: kiln's fusion (the default), each GEMM's configuration by a heuristic;
+// max_autotune: the fused plan, each matmul kernel's GEMM (its tile configs, and
+// cuBLASLt where it computes the kernel exactly) timed on the GPU once per shape
+// class, dtype, layout and architecture, the fastest kept in the tuning database
+// (tune/db.hpp) and never retuned. On the CPU it is fused mode: the CPU GEMM's
+// blocking is fixed per target, so there is nothing to time.
+enum class Mode : uint8_t { eager, fused, max_autotune };
 
 namespace runtime {
 
@@ -35,6 +40,7 @@ struct CompiledVariant {
 
 struct CompiledPlan {
   sched::Plan plan;
+  Mode mode = Mode::fused;
   std::vector<codegen::Layout> layouts;
   std::mutex mu;
   std::unordered_map<Hash128, std::shared_ptr<CompiledVariant>, Hash128Hasher> variants;
@@ -110,7 +116,8 @@ inline std::shared_ptr<CompiledPlan> plan_for(const ir::Graph& g, Mode mode) {
   std::lock_guard lock(mu);
   if (auto it = plans.find(key); it != plans.end()) return it->second;
   auto cp = std::make_shared<CompiledPlan>();
-  cp->plan = sched::schedule(g, mode == Mode::fused);
+  cp->plan = sched::schedule(g, mode != Mode::eager);
+  cp->mode = mode;
   for (auto& k : cp->plan.kernels) cp->layouts.push_back(codegen::layout(g, k));
   if (log_enabled(LogTopic::sched))
     log(LogTopic::sched, "plan " + key.hex() + " (" + std::to_string(cp->plan.kernels.size()) + " kernels)\n" +

@@ -26,6 +26,7 @@
 // describe, stream). The two runtimes (cuda_runtime.hpp, hip_runtime.hpp)
 // mirror each other name for name so that this holds without adapters.
 #pragma once
+#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -38,6 +39,7 @@
 #include "kiln/codegen/gpu.hpp"
 #include "kiln/core/log.hpp"
 #include "kiln/runtime/eval.hpp"
+#include "kiln/tune/db.hpp"
 
 namespace kiln::runtime {
 
@@ -191,21 +193,27 @@ struct GpuCall {
   Hash128 key;
 };
 
-inline GpuCall gpu_call(const ir::Graph& g, const CompiledPlan& cp, const Bound& b, int warp, int arch = 0, int sm_count = 1) {
-  const auto& kernels = cp.plan.kernels;
-  GpuCall c;
+// The key of a variant set: which program of the plan a call needs.
+inline Hash128 variant_key(const std::vector<codegen::GpuVariant>& vars) {
   Hasher vh;
-  for (size_t k = 0; k < kernels.size(); ++k) {
-    c.args.push_back(bind_kernel(g, kernels[k], cp.layouts[k], b));
-    c.vars.push_back(gpu_variant(g, kernels[k], cp.layouts[k], c.args.back(), warp, arch, sm_count));
-    const codegen::GpuVariant& v = c.vars.back();
+  for (const codegen::GpuVariant& v : vars) {
     for (auto s : v.strides) vh.add(s);
     vh.add(v.vec).add(v.warp_rows).add(v.persist);
     const codegen::GemmConfig& gc = v.gemm;
     vh.add(int(gc.kind)).add(gc.bm).add(gc.bn).add(gc.bk).add(gc.wm).add(gc.wn).add(gc.stages);
     vh.add(v.gemm_ops.a_k_major).add(v.gemm_ops.b_k_major);
   }
-  c.key = vh.digest();
+  return vh.digest();
+}
+
+inline GpuCall gpu_call(const ir::Graph& g, const CompiledPlan& cp, const Bound& b, int warp, int arch = 0, int sm_count = 1) {
+  const auto& kernels = cp.plan.kernels;
+  GpuCall c;
+  for (size_t k = 0; k < kernels.size(); ++k) {
+    c.args.push_back(bind_kernel(g, kernels[k], cp.layouts[k], b));
+    c.vars.push_back(gpu_variant(g, kernels[k], cp.layouts[k], c.args.back(), warp, arch, sm_count));
+  }
+  c.key = variant_key(c.vars);
   return c;
 }
 
@@ -231,11 +239,17 @@ class GpuBackend final : public Backend {
     dev.make_current();
     const auto& props = dev.properties();
     const auto& kernels = cp.plan.kernels;
-    GpuCall call = gpu_call(g, cp, b, props.warp_size, Api::dialect == codegen::GpuDialect::cuda ? props.cc_major * 10 + props.cc_minor : 0,
-                            props.sm_count);
+    int arch = Api::dialect == codegen::GpuDialect::cuda ? props.cc_major * 10 + props.cc_minor : 0;
+    GpuCall call = gpu_call(g, cp, b, props.warp_size, arch, props.sm_count);
+    std::vector<uint8_t> by_library(kernels.size(), 0);
+    if (cp.mode == Mode::max_autotune) tune_matmuls(g, cp, call, by_library, dev, arch);
     auto fns = functions(g, cp, call.key, call.vars, dev);
     for (size_t k = 0; k < kernels.size(); ++k) {
       if (call.args[k].work == 0) continue;
+      if (by_library[k] && Api::library_gemm(g, kernels[k], cp.layouts[k], call.args[k], dev)) {
+        kiln::detail::counters_state().kernels_launched.fetch_add(1, std::memory_order_relaxed);
+        continue;
+      }
       auto block = gpu_arg_block(g, kernels[k], cp.layouts[k], call.args[k]);
       void* params[] = {block.data()};
       GpuLaunch L = gpu_launch_shape(kernels[k], call.args[k], call.vars[k], props.sm_count, props.warp_size);
@@ -263,6 +277,60 @@ class GpuBackend final : public Backend {
     cache_.emplace(full, fns);
     return fns;
   }
+  // max-autotune: each matmul kernel's GEMM config, or the vendor library
+  // (Api::library_gemm), from the tuning database; on a miss every candidate is
+  // timed once on this call's buffers (tune/db.hpp). Overrides call's variants.
+  void tune_matmuls(const ir::Graph& g, CompiledPlan& cp, GpuCall& call, std::vector<uint8_t>& by_library, Device& dev, int arch) {
+    const auto& props = dev.properties();
+    const auto& kernels = cp.plan.kernels;
+    for (size_t k = 0; k < kernels.size(); ++k) {
+      if (kernels[k].kind != sched::KernelKind::matmul || call.args[k].work == 0) continue;
+      codegen::GemmProblem p = gemm_problem(g, kernels[k], call.args[k], arch, props.sm_count);
+      std::vector<codegen::GemmConfig> configs = codegen::gemm_candidates(p.dtype, p.tensor_ok ? p.arch : 0);
+      std::vector<std::string> names;
+      for (const auto& c : configs) names.push_back(c.str());
+      bool library = Api::library_gemm_applies(g, kernels[k], cp.layouts[k], call.args[k]);
+      if (library) names.push_back(Api::kLibraryGemm);
+      std::string layout = std::string(p.ops.a_k_major ? "ak" : "am") + (p.ops.b_k_major ? "bk" : "bn") +
+                           (p.tensor_ok ? "" : "-unaligned") + (library ? "+" + std::string(Api::kLibraryGemm) : "");
+      tune::Key key{"matmul", tune::gemm_shape_class(p.batch, p.m, p.n, p.k), p.dtype, layout, Api::arch_name(dev)};
+      std::string choice = tune::autotune(key, names, [&](const std::string& name) {
+        if (name == Api::kLibraryGemm)
+          return time_us(dev, [&] {
+            if (!Api::library_gemm(g, kernels[k], cp.layouts[k], call.args[k], dev)) throw Error("no algorithm for it");
+          });
+        codegen::GpuVariant v = call.vars[k];
+        v.gemm = configs[size_t(std::find(names.begin(), names.end(), name) - names.begin())];
+        sched::Plan one;  // this kernel alone: one small program per candidate
+        one.kernels = {kernels[k]};
+        one.kernels[0].deps.clear();
+        Function f = dev.load_module(source(g, one, {v}, props.warp_size), {}, "kiln_tune").function("kiln_k0");
+        auto block = gpu_arg_block(g, kernels[k], cp.layouts[k], call.args[k]);
+        void* params[] = {block.data()};
+        GpuLaunch L = gpu_launch_shape(kernels[k], call.args[k], v, props.sm_count, props.warp_size);
+        return time_us(dev, [&] {
+          f.launch({L.grid.x, L.grid.y, L.grid.z}, {L.block.x, L.block.y, L.block.z}, L.shared_bytes, params,
+                   describe_kernel(g, kernels[k]), dev.stream());
+        });
+      });
+      if (choice == Api::kLibraryGemm) by_library[k] = 1;
+      for (const auto& c : configs)
+        if (c.str() == choice) call.vars[k].gemm = c;
+    }
+    call.key = variant_key(call.vars);
+  }
+  // Mean microseconds of `launch` over a few runs after a warm-up, by the device's events.
+  template <class F>
+  static double time_us(Device& dev, F&& launch) {
+    launch();
+    typename Api::Timer t(dev.ordinal());
+    constexpr int kRuns = 10;
+    t.start(dev.stream());
+    for (int i = 0; i < kRuns; ++i) launch();
+    t.stop(dev.stream());
+    return double(t.elapsed_ms()) * 1000.0 / kRuns;
+  }
+
   std::mutex mu_;
   std::unordered_map<Hash128, std::vector<Function>, Hash128Hasher> cache_;
 };

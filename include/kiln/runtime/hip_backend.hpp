@@ -30,6 +30,14 @@ namespace kiln::runtime {
 struct HipDeviceApi : GpuDeviceApi<DeviceKind::hip, codegen::GpuDialect::hip> {
   static rocm::HipDevice& device(int ordinal) { return rocm::hip_device(ordinal); }
   static bool present() noexcept { return rocm::hip_available(); }
+  using Timer = rocm::EventTimer;
+  static std::string arch_name(rocm::HipDevice& dev) { return dev.properties().arch; }
+  // No vendor GEMM candidate for max-autotune (yet): kiln's own kernels only.
+  static constexpr const char* kLibraryGemm = "";
+  static bool library_gemm_applies(const ir::Graph&, const sched::Kernel&, const codegen::Layout&, const KernelArgs&) { return false; }
+  static bool library_gemm(const ir::Graph&, const sched::Kernel&, const codegen::Layout&, const KernelArgs&, rocm::HipDevice&) {
+    return false;
+  }
 
   // Copies on the device's stream, so that they are ordered after the kernels
   // queued there; a copy that involves host memory waits for its end (the host

@@ -1,0 +1,270 @@
+// kiln — header-only C++20 tensor compiler.
+// SPDX-License-Identifier: Apache-2.0
+//
+// The tuning database (tune/db.hpp), on the CPU: autotune() benchmarks once and
+// never again on a hit (this process, after the memory layer is dropped, and a
+// second process that must tune nothing); a corrupt, truncated, foreign-format or
+// foreign-key entry is ignored and rewritten; processes tuning one key at once
+// leave one valid entry; shape classes; the counters (tunings, tune_db_hits).
+// Mode::max_autotune on the CPU uses the heuristic and matches fused mode.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <map>
+
+#include "../support/reference.hpp"
+
+using namespace kiln;
+using namespace kiln::test;
+
+namespace {
+
+// A fresh private cache directory for one test, KILN_CACHE_DIR restored after.
+struct ScratchCache {
+  std::string dir, saved;
+  bool had = false;
+  ScratchCache() {
+    char tmpl[] = "/tmp/kiln-tune-XXXXXX";
+    dir = ::mkdtemp(tmpl);
+    if (const char* e = std::getenv("KILN_CACHE_DIR")) had = true, saved = e;
+    ::setenv("KILN_CACHE_DIR", dir.c_str(), 1);
+    tune::db().clear_memory();
+  }
+  ~ScratchCache() {
+    if (had) ::setenv("KILN_CACHE_DIR", saved.c_str(), 1);
+    else ::unsetenv("KILN_CACHE_DIR");
+    tune::db().clear_memory();
+    std::string cmd = "rm -rf '" + dir + "'";
+    if (std::system(cmd.c_str()) != 0) MESSAGE("could not remove " << dir);
+  }
+};
+
+tune::Key test_key(const std::string& tag) {
+  return {"matmul", tune::gemm_shape_class(1, 1000, 1024, 513), DType::bf16, "ak-bn+" + tag, "sm_90"};
+}
+
+// A benchmark with fixed times per candidate that counts its calls.
+struct FakeBench {
+  std::map<std::string, double> us;
+  int calls = 0;
+  double operator()(const std::string& c) {
+    ++calls;
+    return us.at(c);
+  }
+};
+
+const std::vector<std::string> kCandidates = {"mma_128x256", "mma_128x128", "simt_64x64"};
+
+// Runs f in a child process; gives its exit status (0: passed).
+template <class F>
+int in_child(F&& f) {
+  std::fflush(nullptr);
+  pid_t pid = ::fork();
+  if (pid == 0) ::_exit(f());
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 100;
+}
+
+}  // namespace
+
+TEST_CASE("tune db: tuned once, then a hit in memory, on disk and in a second process") {
+  ScratchCache cache;
+  tune::Key key = test_key("once");
+  FakeBench bench{{{"mma_128x256", 30}, {"mma_128x128", 20}, {"simt_64x64", 90}}};
+  Counters c0 = counters();
+  CHECK(tune::autotune(key, kCandidates, std::ref(bench)) == "mma_128x128");
+  CHECK(bench.calls == 3);
+  CHECK(counters().tunings - c0.tunings == 1);
+
+  CHECK(tune::autotune(key, kCandidates, std::ref(bench)) == "mma_128x128");  // memory
+  tune::db().clear_memory();
+  CHECK(tune::autotune(key, kCandidates, std::ref(bench)) == "mma_128x128");  // disk
+  CHECK(bench.calls == 3);
+  CHECK(counters().tunings - c0.tunings == 1);
+  CHECK(counters().tune_db_hits - c0.tune_db_hits == 2);
+  auto e = tune::db().find(key);
+  REQUIRE(e);
+  CHECK(e->us == 20);
+
+  // another process with an empty memory layer: a disk hit, no benchmark
+  int status = in_child([&] {
+    tune::db().clear_memory();
+    Counters before = counters();
+    std::string got = tune::autotune(key, kCandidates, [](const std::string&) -> double { ::_exit(3); });
+    if (got != "mma_128x128") return 4;
+    if (counters().tunings != before.tunings || counters().tune_db_hits != before.tune_db_hits + 1) return 5;
+    return 0;
+  });
+  CHECK(status == 0);
+
+  // a stored choice that is no longer a candidate is retuned
+  CHECK(tune::autotune(key, {"mma_128x256", "simt_64x64"}, std::ref(bench)) == "mma_128x256");
+  CHECK(counters().tunings - c0.tunings == 2);
+}
+
+TEST_CASE("tune db: corrupt, truncated, foreign-format and foreign-key entries are ignored and rewritten") {
+  ScratchCache cache;
+  tune::Key key = test_key("bad");
+  std::string path = tune::Db::path_of(key.text());
+  FakeBench bench{{{"mma_128x256", 5}, {"mma_128x128", 20}, {"simt_64x64", 90}}};
+  auto retunes = [&](const std::string& what) {
+    tune::db().clear_memory();
+    uint64_t t0 = counters().tunings;
+    int calls = bench.calls;
+    CHECK_MESSAGE(tune::autotune(key, kCandidates, std::ref(bench)) == "mma_128x256", what);
+    CHECK_MESSAGE(counters().tunings == t0 + 1, what);
+    CHECK_MESSAGE(bench.calls == calls + 3, what);
+    tune::db().clear_memory();  // and the rewritten entry is a hit
+    CHECK_MESSAGE(tune::autotune(key, kCandidates, std::ref(bench)) == "mma_128x256", what);
+    CHECK_MESSAGE(bench.calls == calls + 3, what);
+  };
+  tune::autotune(key, kCandidates, std::ref(bench));
+  std::string good;
+  {
+    std::ifstream f(path, std::ios::binary);
+    good.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  REQUIRE(good.size() > 40);
+
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << "garbage, not an entry";
+  retunes("garbage");
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << good.substr(0, good.size() - 7);
+  retunes("truncated");
+  std::string flipped = good;
+  flipped[flipped.find("choice ") + 8] ^= 1;  // payload changed, trailer's hash not
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << flipped;
+  retunes("a flipped byte");
+  REQUIRE(jit::detail::write_entry_atomic(path, "kiln-tune 999\nkey " + key.text() + "\nchoice simt_64x64\nus 1\n") == 0);
+  retunes("format 999");
+  REQUIRE(jit::detail::write_entry_atomic(path, "kiln-tune " + std::to_string(tune::kTuneFormat) +
+                                                    "\nkey another key\nchoice simt_64x64\nus 1\n") == 0);
+  retunes("another key's entry");
+}
+
+TEST_CASE("tune db: processes tuning one key at once leave one valid entry") {
+  ScratchCache cache;
+  tune::Key key = test_key("race");
+  std::vector<pid_t> kids;
+  std::fflush(nullptr);
+  for (int i = 0; i < 4; ++i) {
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      std::string mine = kCandidates[size_t(i) % kCandidates.size()];
+      std::string got = tune::autotune(key, kCandidates, [&](const std::string& c) { return c == mine ? 1.0 : 2.0; });
+      ::_exit(std::find(kCandidates.begin(), kCandidates.end(), got) != kCandidates.end() ? 0 : 1);
+    }
+    kids.push_back(pid);
+  }
+  for (pid_t pid : kids) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+  }
+  tune::db().clear_memory();
+  auto e = tune::db().find(key);
+  REQUIRE(e);
+  CHECK(std::find(kCandidates.begin(), kCandidates.end(), e->choice) != kCandidates.end());
+  CHECK(e->us == 1.0);
+}
+
+TEST_CASE("tune db: shape classes; keys name op, dtype, layout, architecture and kiln version") {
+  CHECK(tune::gemm_shape_class(1, 1000, 1024, 513) == tune::gemm_shape_class(1, 1024, 600, 1000));
+  CHECK(tune::gemm_shape_class(1, 1024, 1024, 1024) != tune::gemm_shape_class(1, 1025, 1024, 1024));
+  CHECK(tune::gemm_shape_class(1, 7, 8, 9) != tune::gemm_shape_class(1, 8, 8, 9));  // small sizes are exact
+  tune::Key a = test_key("x"), b = a;
+  b.arch = "sm_80";
+  CHECK(a.text() != b.text());
+  CHECK(a.text().find(std::string("kiln-") + tune::kKilnVersion) != std::string::npos);
+  CHECK(tune::Db::path_of(a.text()) != tune::Db::path_of(b.text()));
+}
+
+TEST_CASE("max-autotune on the CPU: the heuristic, the fused plan, the same numbers") {
+  KILN_TEST_RNG(rng);
+  auto x = input<f32, 2>(rng, {37, 19}), w = input<f32, 2>(rng, {19, 45});
+  auto b = input<f32, 1>(rng, {45});
+  auto e = kiln::gelu(kiln::matmul(x.t, w.t) + b.t);
+  CHECK(kernel_count(Mode::max_autotune, e) == 1);
+  Counters c0 = counters();
+  auto tuned = kiln::evaluate(Mode::max_autotune, e);
+  CHECK(counters().tunings == c0.tunings);  // the CPU GEMM has one configuration
+  auto fused = kiln::evaluate(Mode::fused, e);
+  CHECK(tuned.to_vector() == fused.to_vector());
+}
+
+TEST_SUITE("gpu") {
+
+namespace {
+bool on_cuda() { return runtime::CudaDeviceApi::present() && kiln::default_device().kind == DeviceKind::cuda; }
+}  // namespace
+
+TEST_CASE_TEMPLATE("cuBLASLt: x @ W, x @ W.t() + bias, batched, against float64; gelu is not its epilogue", DT, bf16, f16, f32) {
+  if (!on_cuda()) return;
+  if (!runtime::cublaslt::available()) {
+    MESSAGE("cuBLASLt not found (libcublasLt.so.13/.12/.so): skipped");
+    return;
+  }
+  KILN_TEST_RNG(rng);
+  Values v{-2, 2};
+  auto x = input<DT, 2>(rng, {257, 300}, Layout::contiguous, v), w = input<DT, 2>(rng, {300, 129}, Layout::contiguous, v);
+  auto wt = input<DT, 2>(rng, {300, 129}, Layout::transposed, v);
+  auto b = input<DT, 1>(rng, {129}, Layout::contiguous, v);
+  auto x3 = input<DT, 3>(rng, {3, 65, 64}, Layout::contiguous, v), w3 = input<DT, 3>(rng, {3, 64, 40}, Layout::transposed, v);
+  Tol t = tol<DT>().scaled(4);
+  auto through_cublaslt = [&](const auto& e, const Array& want, const Array& scale, const std::string& what) {
+    ir::Graph g = ir::trace(e);
+    auto cp = runtime::plan_for(g, Mode::fused);
+    REQUIRE(cp->plan.kernels.size() == 1);
+    runtime::Bound bound = runtime::bind_buffers(g, cp->plan);
+    runtime::KernelArgs a = runtime::bind_kernel(g, cp->plan.kernels[0], cp->layouts[0], bound);
+    auto r = runtime::cublaslt::gemm_for(g, cp->plan.kernels[0], cp->layouts[0], a);
+    REQUIRE_MESSAGE(r, what);
+    cu::CudaDevice& dev = cu::cuda_device(0);
+    REQUIRE_MESSAGE(runtime::cublaslt::run(*r, dev, dev.stream()), what);
+    auto out = runtime::output_tensor<dtype_of<decltype(e)>, rank_of<decltype(e)>>(g, bound, g.outputs[0]);
+    check_close(out, want, t, what, &scale);
+  };
+  Array s1, s2, s3;
+  Array m1 = ref::matmul(x.a, w.a, &s1), m2 = ref::matmul(x.a, wt.a, &s2), m3 = ref::matmul(x3.a, w3.a, &s3);
+  through_cublaslt(kiln::matmul(x.t, w.t), m1, s1, "x @ w");
+  Array bias_scale = ref::zip(s2, b.a, [](double p, double q) { return p + std::fabs(q); });
+  through_cublaslt(kiln::matmul(x.t, wt.t) + b.t, ref::zip(m2, b.a, [](double p, double q) { return p + q; }), bias_scale,
+                   "x @ transposed w + bias (CUBLASLT_EPILOGUE_BIAS)");
+  through_cublaslt(kiln::matmul(x3.t, w3.t), m3, s3, "[3, 65, 64] @ transposed [3, 64, 40]");
+
+  ir::Graph g = ir::trace(kiln::gelu(kiln::matmul(x.t, w.t) + b.t));
+  auto cp = runtime::plan_for(g, Mode::fused);
+  runtime::Bound bound = runtime::bind_buffers(g, cp->plan);
+  runtime::KernelArgs a = runtime::bind_kernel(g, cp->plan.kernels[0], cp->layouts[0], bound);
+  CHECK(!runtime::cublaslt::gemm_for(g, cp->plan.kernels[0], cp->layouts[0], a));  // its GELU is tanh's, kiln's is erf
+}
+
+TEST_CASE("max-autotune on the GPU: each matmul tuned once, then a database hit; numbers against float64") {
+  if (!on_cuda()) return;
+  ScratchCache cache;
+  KILN_TEST_RNG(rng);
+  Values v{-2, 2};
+  auto x = input<bf16, 2>(rng, {512, 1024}, Layout::contiguous, v), w = input<bf16, 2>(rng, {1024, 768}, Layout::transposed, v);
+  auto b = input<bf16, 1>(rng, {768}, Layout::contiguous, v);
+  Array s;
+  Array want = ref::zip(ref::matmul(x.a, w.a, &s), b.a, [](double p, double q) { return p + q; });
+  Array scale = ref::zip(s, b.a, [](double p, double q) { return p + std::fabs(q); });
+  Counters c0 = counters();
+  auto t0 = std::chrono::steady_clock::now();
+  auto first = kiln::evaluate(Mode::max_autotune, kiln::matmul(x.t, w.t) + b.t);
+  double tuning_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(counters().tunings - c0.tunings == 1);
+  check_close(first, want, tol<bf16>().scaled(4), "max-autotune x @ w + b", &scale);
+  Counters c1 = counters();
+  auto again = kiln::evaluate(Mode::max_autotune, kiln::matmul(x.t, w.t) + b.t);
+  CHECK(counters().tunings == c1.tunings);
+  CHECK(counters().tune_db_hits > c1.tune_db_hits);
+  check_close(again, want, tol<bf16>().scaled(4), "max-autotune again", &scale);
+  auto gelu_tuned = kiln::evaluate(Mode::max_autotune, kiln::gelu(kiln::matmul(x.t, w.t) + b.t));  // its own key: no cuBLASLt
+  check_close(gelu_tuned, ref::map(want, ref::gelu), tol<bf16>().scaled(4), "max-autotune gelu(x @ w + b)", &scale);
+  MESSAGE("first max-autotune call (tuning, compiles included): " << tuning_s << " s");
+}
+
+}  // TEST_SUITE("gpu")
