@@ -194,6 +194,41 @@ TEST_CASE("max-autotune on the CPU: the heuristic, the fused plan, the same numb
   CHECK(tuned.to_vector() == fused.to_vector());
 }
 
+namespace {
+// The cuBLASLt call kiln would make for the one matmul kernel of `e` (bound on CPU buffers: no GPU needed).
+template <class E>
+std::optional<runtime::cublaslt::Gemm> cublaslt_call(const E& e) {
+  ir::Graph g = ir::trace(e);
+  auto cp = runtime::plan_for(g, Mode::fused);
+  REQUIRE(cp->plan.kernels.size() == 1);
+  runtime::Bound bound = runtime::bind_buffers(g, cp->plan);
+  return runtime::cublaslt::gemm_for(g, cp->plan.kernels[0], cp->layouts[0], runtime::bind_kernel(g, cp->plan.kernels[0], cp->layouts[0], bound));
+}
+}  // namespace
+
+TEST_CASE("cuBLASLt's column-major call for a kernel, and the kernels it must not take") {
+  KILN_TEST_RNG(rng);
+  auto x = input<f32, 2>(rng, {37, 19}), w = input<f32, 2>(rng, {19, 45}), wt = input<f32, 2>(rng, {19, 45}, Layout::transposed);
+  auto xt = input<f32, 2>(rng, {37, 19}, Layout::transposed);
+  auto b = input<f32, 1>(rng, {45});
+  auto r = cublaslt_call(kiln::matmul(x.t, w.t) + b.t);  // C^T = W^T x^T: cuBLASLt's A is W
+  REQUIRE(r);
+  CHECK((r->m == 45 && r->n == 37 && r->k == 19 && !r->trans_a && !r->trans_b && r->lda == 45 && r->ldb == 19 && r->ldd == 45));
+  CHECK(r->bias != nullptr);
+  r = cublaslt_call(kiln::matmul(xt.t, wt.t));
+  REQUIRE(r);
+  CHECK((r->trans_a && r->trans_b && r->lda == 19 && r->ldb == 37 && r->bias == nullptr));
+  CHECK(!cublaslt_call(kiln::gelu(kiln::matmul(x.t, w.t) + b.t)));  // cuBLASLt's GELU is tanh's
+  CHECK(!cublaslt_call(kiln::relu(kiln::matmul(x.t, w.t))));
+  CHECK(!cublaslt_call(kiln::matmul(x.t, w.t) * 2.0f));
+  auto m1 = input<f32, 2>(rng, {37, 1});
+  CHECK(!cublaslt_call(kiln::matmul(x.t, w.t) + m1.t));  // a bias along M is not CUBLASLT_EPILOGUE_BIAS
+  auto x64 = input<f64, 2>(rng, {37, 19}), w64 = input<f64, 2>(rng, {19, 45});
+  CHECK(!cublaslt_call(kiln::matmul(x64.t, w64.t)));
+  auto s = input<f32, 2>(rng, {37, 19}, Layout::strided);
+  CHECK(!cublaslt_call(kiln::matmul(s.t, w.t)));  // no unit stride in either matrix dim
+}
+
 TEST_SUITE("gpu") {
 
 namespace {

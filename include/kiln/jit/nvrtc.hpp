@@ -88,19 +88,20 @@ struct NvrtcApi {
 
 namespace nvrtc_detail {
 
-// Where to look, in order: the loader's search path first (so LD_LIBRARY_PATH
-// and ldconfig win), newest ABI first, then the toolkit directories.
-inline std::vector<std::string> nvrtc_candidates() {
-  std::vector<std::string> out = {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"};
+// Where to look for a CUDA toolkit library (`lib`: "libnvrtc", "libcublasLt"), in
+// order: the loader's search path first (so LD_LIBRARY_PATH and ldconfig win), newest
+// ABI first, then the toolkit directories.
+inline std::vector<std::string> toolkit_library_candidates(const std::string& lib) {
+  std::vector<std::string> files = {lib + ".so.13", lib + ".so.12", lib + ".so"}, out = files;
   std::vector<std::string> dirs;
   if (std::string home = rtc::env_or_empty("CUDA_HOME"); !home.empty()) dirs.push_back(home + "/lib64");
   if (std::string home = rtc::env_or_empty("CUDA_PATH"); !home.empty()) dirs.push_back(home + "/lib64");
   dirs.push_back("/usr/local/cuda/lib64");
-  for (const auto& dir : dirs) {
-    for (const char* file : {"/libnvrtc.so.13", "/libnvrtc.so.12", "/libnvrtc.so"}) out.push_back(dir + file);
-  }
+  for (const auto& dir : dirs)
+    for (const auto& file : files) out.push_back(dir + "/" + file);
   return out;
 }
+inline std::vector<std::string> nvrtc_candidates() { return toolkit_library_candidates("libnvrtc"); }
 
 template <class Fn>
 bool bind_nvrtc(void* library, Fn& slot, const char* name) {

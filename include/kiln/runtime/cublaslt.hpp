@@ -2,7 +2,8 @@
 // SPDX-License-Identifier: Apache-2.0
 //
 // cuBLASLt as one more GEMM candidate for max-autotune (runtime/autotune.hpp).
-// Loaded with dlopen (libcublasLt.so.13, .so.12, .so), nothing linked: without
+// Loaded with dlopen (libcublasLt.so.13, .so.12, .so, on the loader's path, then
+// in the toolkit's lib64 as NVRTC is), nothing linked: without
 // it available() is false and kiln runs its own kernels. Takes a matmul kernel
 // of a plan with its bound arguments; gives a runnable Gemm when cuBLASLt can
 // compute exactly that kernel: bf16, f16 or f32 (f32 accumulation, no TF32), at
@@ -21,6 +22,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "kiln/jit/nvrtc.hpp"
 #include "kiln/runtime/bind.hpp"
 #include "kiln/runtime/cuda_runtime.hpp"
 
@@ -76,13 +78,13 @@ inline const Api* api() {
   static const Api* loaded = []() -> const Api* {
     static Api a;
     void* lib = nullptr;
-    for (const char* name : {"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"})
-      if ((lib = ::dlopen(name, RTLD_NOW | RTLD_LOCAL)) != nullptr) {
+    for (const std::string& name : jit::nvrtc_detail::toolkit_library_candidates("libcublasLt"))
+      if ((lib = ::dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL)) != nullptr) {
         a.path = name;
         break;
       }
     if (lib == nullptr) {
-      log(LogTopic::tune, "cuBLASLt not found (libcublasLt.so.13/.12/.so): not a candidate");
+      log(LogTopic::tune, "cuBLASLt not found (libcublasLt.so.13/.12/.so, $CUDA_HOME/lib64, /usr/local/cuda/lib64): not a candidate");
       return nullptr;
     }
     std::string missing;
