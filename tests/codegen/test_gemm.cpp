@@ -6,7 +6,8 @@
 // hipRTC (gfx90a, gfx908, gfx1030); and on a GPU, the tensor-core and SIMT kernels
 // against the float64 reference over odd sizes, K not a multiple of the tile,
 // partial 16-byte chunks (K-sliced views), transposed operands read in place,
-// broadcast batches, every float dtype, each candidate config forced in turn.
+// broadcast batches, every float dtype, each candidate config forced in turn; and a
+// fused epilogue (gelu(x @ W1 + b1)) inside the tensor-core kernel.
 #include <atomic>
 #include <thread>
 
@@ -169,6 +170,24 @@ TEST_CASE("every GEMM candidate config compiles for sm_80 and sm_90 (all four op
   }
 }
 
+TEST_CASE("gelu(x @ W1 + b1) is one tensor-core kernel on sm_80 and sm_90, and it compiles") {
+  if (!jit::nvrtc_available()) {
+    MESSAGE("NVRTC not found: skipped");
+    return;
+  }
+  auto x = det<bf16, 2>({64, 32}, 1), w = det<bf16, 2>({48, 32}, 2).transpose(0, 1);
+  auto b = det<bf16, 1>({48}, 3);
+  for (int arch : {80, 90}) {
+    CAPTURE(arch);
+    GpuProgram p = cuda_program(arch, kiln::gelu(matmul(x, w) + b));
+    REQUIRE(p.kinds.size() == 1);
+    CHECK(p.kinds[0] == sched::KernelKind::matmul);
+    CHECK(p.vars[0].gemm.kind == GemmKind::mma);
+    CHECK(p.src.find("kiln_erf(") != std::string::npos);  // gelu evaluated at store time
+    CHECK(jit::cubin_sm(jit::nvrtc_compile(p.src, "kiln_gemm_epilogue", arch / 10, arch % 10)) == arch);
+  }
+}
+
 }  // TEST_SUITE("nvrtc")
 
 TEST_SUITE("hiprtc") {
@@ -297,6 +316,27 @@ TEST_CASE_TEMPLATE("GPU GEMM: every candidate config, forced, against float64", 
     CAPTURE(c.str());
     run_cases<DT>(c);
   }
+}
+
+TEST_CASE_TEMPLATE("GPU GEMM epilogue: gelu(x @ W1 + b1) in the tensor-core kernel, one launch", DT, bf16, f16) {
+  if (kiln::default_device() == kiln::cpu()) return;
+  KILN_TEST_RNG(rng);
+  // x @ W1.t() with odd M and N, K % 32 != 0: the tile edges meet the epilogue.
+  auto x = input<DT, 2>(rng, {65, 1000}, Layout::contiguous, Values{-2, 2});
+  auto w = input<DT, 2>(rng, {129, 1000}, Layout::contiguous, Values{-2, 2});
+  auto b = input<DT, 1>(rng, {129}, Layout::contiguous, Values{-2, 2});
+  auto y = kiln::gelu(kiln::matmul(x.t, w.t.transpose(0, 1)) + b.t);
+  CHECK(kernel_count(Mode::fused, y) == 1);
+  GemmHook hook;
+  Counters before = counters();
+  Tensor<DT, 2> out = y;
+  CHECK(counters().kernels_launched - before.kernels_launched == 1);
+  REQUIRE(hook.seen.size() == 1);
+  if (cuda_sm80()) CHECK(codegen::gemm_choose(hook.seen[0]).kind == GemmKind::mma);
+  Array scale;
+  Array pre = ref::zip(ref::matmul(x.a, ref::transpose(w.a, 0, 1), &scale), b.a, [](double p, double q) { return p + q; });
+  Array bound = ref::zip(scale, b.a, [](double p, double q) { return std::fabs(p) + std::fabs(q); });
+  check_close(out, ref::map(pre, ref::gelu), tol<DT>().scaled(2), "gelu(x @ W1.t() + b1)", &bound);
 }
 
 }  // TEST_SUITE("gpu")
