@@ -227,6 +227,8 @@ class CppKernelWriter {
     std::string acc = d == DType::f64 ? "double" : info(d).is_float ? "float" : "int64_t", st = storage_type(d);
     std::string widen = d == DType::bf16 ? "KILN_GEMM_BF16" : d == DType::f16 ? "KILN_GEMM_F16" : "KILN_GEMM_PLAIN";
     auto unit_or = [&](size_t slot, const std::string& e) { return strides_.size() > slot && strides_[slot] == Stride::unit ? "1" : e; };
+    std::string unit_cols;  // every slot the epilogue touches walks the columns contiguously
+    for (int i : ep.store_slots()) unit_cols += (unit_cols.empty() ? "" : " && ") + std::string("est[") + std::to_string(i) + " * nd + nd - 1] == 1";
     std::string s = "extern \"C\" void " + name_ + "(void* const* P, const int64_t* M, const uint64_t* A) {\n";
     s += "  const int nd = (int)M[0];\n  const int64_t K = M[1];\n  const int64_t* sz = M + 2;\n";
     s += "  const int64_t* sa = sz + nd; const int64_t* sb = sa + nd;\n";
@@ -240,7 +242,11 @@ class CppKernelWriter {
     s += "    void* const* P = ((const Args*)ctx)->P; const int64_t* M = ((const Args*)ctx)->M; const uint64_t* A = ((const Args*)ctx)->A;\n";
     s += "    const int nd = (int)M[0]; const int64_t* sz = M + 2; (void)A;\n";
     s += ep.prelude("b", "__restrict", "    ");
-    s += "#pragma omp simd\n    for (int64_t t = 0; t < n; ++t) {\n" + ep.store("i", "j + t", "row[t]", "      ") + "    }\n  };\n";
+    // Contiguous columns get contiguous addressing (vector loads and stores), the rest gathers.
+    auto loop = [&](bool unit) {
+      return "#pragma omp simd\n      for (int64_t t = 0; t < n; ++t) {\n" + ep.store("i", "j + t", "row[t]", "        ", unit) + "      }\n";
+    };
+    s += "    if (" + (unit_cols.empty() ? std::string("true") : unit_cols) + ") {\n" + loop(true) + "    } else {\n" + loop(false) + "    }\n  };\n";
     s += "  KilnGemm<" + st + ", " + acc + ", " + widen + "> g{batch, Mr, N, K, (const " + st + "*)P[0], oa, sa[nd - 2], " +
          unit_or(0, "sa[nd - 1]") + ", (const " + st + "*)P[1], ob, sb[nd - 2], " + unit_or(1, "sb[nd - 1]") + ", {store, &args}};\n";
     return s + "  g.run();\n  free(oa);\n}\n";

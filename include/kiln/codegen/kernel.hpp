@@ -168,8 +168,27 @@ class MatmulEpilogue {
            acc + " } }\n";
   }
   // Statements that store output element (row, col) given the accumulator `v`.
-  std::string store(const std::string& row, const std::string& col, const std::string& v, const std::string& ind) const {
-    std::vector<uint8_t> used(l_.slots.size(), 0);
+  // `unit_cols`: every slot of store_slots() has column stride 1 (a dialect that
+  // tested it gets contiguous addressing).
+  std::string store(const std::string& row, const std::string& col, const std::string& v, const std::string& ind,
+                    bool unit_cols = false) const {
+    std::vector<uint8_t> used;
+    return emit_store(row, col, v, ind, unit_cols, used);
+  }
+  // The slots that store() reads or writes.
+  std::vector<int> store_slots() const {
+    std::vector<uint8_t> used;
+    emit_store("0", "0", "0", "", false, used);
+    std::vector<int> out;
+    for (size_t i = 0; i < used.size(); ++i)
+      if (used[i]) out.push_back(int(i));
+    return out;
+  }
+
+ private:
+  std::string emit_store(const std::string& row, const std::string& col, const std::string& v, const std::string& ind, bool unit_cols,
+                         std::vector<uint8_t>& used) const {
+    used.assign(l_.slots.size(), 0);
     auto at = [&](int i) {
       used[size_t(i)] = 1;
       return "x" + std::to_string(i);
@@ -189,13 +208,12 @@ class MatmulEpilogue {
     for (size_t i = 0; i < used.size(); ++i) {
       if (!used[i]) continue;
       std::string si = std::to_string(i);
-      offs += ind + "const int64_t x" + si + " = e" + si + " + (" + row + ") * est[" + si + " * nd + nd - 2] + (" + col + ") * est[" + si +
-              " * nd + nd - 1];\n";
+      offs += ind + "const int64_t x" + si + " = e" + si + " + (" + row + ") * est[" + si + " * nd + nd - 2] + (" + col + ")" +
+              (unit_cols ? "" : " * est[" + si + " * nd + nd - 1]") + ";\n";
     }
     return offs + body + tail;
   }
 
- private:
   int slot_of_store(int s) const {
     for (size_t i = 0; i < l_.slots.size(); ++i)
       if (l_.slots[i].role == SlotRole::store && l_.slots[i].store == s) return int(i);
