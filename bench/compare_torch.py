@@ -3,7 +3,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Sets kiln's GPU bench (gpu_bench's JSON lines) beside torch_anchor.py's results
 from the same machine and run: kiln compiled vs kiln eager, vs PyTorch eager and
-torch.compile, and achieved GB/s against the copy ceiling measured by kiln.
+torch.compile, and achieved GB/s against the copy ceiling measured by kiln; for the
+W4 training step (torch_anchor.py group G3), TFLOP/s and the error against float64
+of kiln and of torch.compile.
 
 usage: compare_torch.py kiln.jsonl [torch/results.jsonl] [torch_gemm.jsonl]
 """
@@ -11,7 +13,8 @@ import json
 import sys
 
 NAMES = {"W1 gelu chain f32": "W1", "W2 softmax f32": "W2", "W3 layer_norm bf16": "W3",
-         "W8 sum f32": "W8a", "W8 var_mean f32": "W8b", "W8 sum+var_mean f32": "W8c", "W7 small MLP f32": "W7"}
+         "W8 sum f32": "W8a", "W8 var_mean f32": "W8b", "W8 sum+var_mean f32": "W8c", "W7 small MLP f32": "W7",
+         "W4 MLP step bf16": "W4"}
 
 
 def load(path):
@@ -31,6 +34,7 @@ def main():
     print("| workload | kiln fused ms | kiln eager ms | torch eager ms | torch.compile ms | kiln GB/s | % of copy | "
           "vs kiln eager | vs torch eager | vs torch.compile |")
     print("|---|---|---|---|---|---|---|---|---|---|")
+    notes = []
     for r in kiln:
         if r["type"] != "kiln":
             continue
@@ -39,13 +43,25 @@ def main():
         if "fused_us" in r:  # latency row: microseconds per call, wall clock
             f, e = r["fused_us"] / 1e3, r["eager_us"] / 1e3
             gbs = pct = "-"
+        elif "flops" in r:  # matmul-bound: TFLOP/s in the GB/s column, against torch's bf16 matmul ceiling
+            f, e = r["fused_ms"], r["eager_ms"]
+            g = r["flops"] / f / 1e9
+            tceil = next((x.get("bf16_matmul_TFLOPs") for x in torch if x.get("type") == "ceilings"), None)
+            gbs, pct = f"{g:.0f} TFLOP/s", (f"{100 * g / tceil:.1f}% of bf16 mm" if tceil else "-")
+            tfp = t.get("default", {}).get("rel_vs_fp64")
+            notes.append(f"{r['name']}: max rel. error vs float64 (loss and gradients): kiln {r['rel_err']:.1e}"
+                         + (f", torch.compile {tfp:.1e}" if isinstance(tfp, float) else "")
+                         + "; per output: " + ", ".join(f"{k} {v:.1e}" for k, v in r.get("rel_err_grads", {}).items())
+                         + f", loss {r.get('rel_err_loss', float('nan')):.1e}")
         else:
             f, e = r["fused_ms"], r["eager_ms"]
             g = r["bytes"] / f / 1e6
             gbs, pct = f"{g:.0f}", f"{100 * g / ceil['copy_gbs']:.1f}%"
-        fmt = lambda x: f"{x:.4f}" if isinstance(x, float) else "-"
-        ratio = lambda x: f"{x / f:.2f}x" if isinstance(x, float) else "-"
+        fmt = lambda x: f"{x:.4f}" if isinstance(x, (int, float)) else "-"
+        ratio = lambda x: f"{x / f:.2f}x" if isinstance(x, (int, float)) else "-"
         print(f"| {r['name']} | {fmt(f)} | {fmt(e)} | {fmt(te)} | {fmt(tc)} | {gbs} | {pct} | {ratio(e)} | {ratio(te)} | {ratio(tc)} |")
+    for n in notes:
+        print("- " + n)
     gemm_table(kiln, torch)
 
 

@@ -2,7 +2,7 @@
 // SPDX-License-Identifier: Apache-2.0
 //
 // The CPU rows of shared/bench/WORKLOADS.md at 1/16 of the element count (W1, W2,
-// W3, W8), measured side by side in one run: kiln compiled (fused) and eager, a
+// W3, W8; W4 at reduced width), measured side by side in one run: kiln compiled (fused) and eager, a
 // plain fused loop (std::erf/std::exp, OpenMP), Eigen 3.4 arrays, and the machine's
 // copy bandwidth; then the JIT's latencies (cold compile, memory hit, disk hit as a
 // new process sees it) and how long g++ takes on an example that includes kiln; then
@@ -34,6 +34,8 @@
 #include <vector>
 
 #include <kiln/kiln.hpp>
+
+#include "w4.hpp"
 #if KILN_BENCH_HAVE_OPENMP
 #include <omp.h>
 #endif
@@ -618,6 +620,50 @@ GemmRow bench_gemm(const GemmCase& c, const Options& o, Flusher& flush) {
   go.reps = std::max(5, o.reps / 3);
   measure(v, Outs{ref}, tol, go, flush);
   return {c, std::move(v), tol};
+// ---- W4: MLP training step (forward + backward), bf16, at reduced width ----
+// x [512, 256], W1 [256, 1024], W2 [1024, 256]: the full-size step's shape ratios at
+// 1/16 of the width (1/256 of its flops). Checked against float64 loops over every row.
+struct W4Result {
+  double fused_ms = NAN, eager_ms = NAN, gflops = NAN, worst = INFINITY;
+  bool ok = true;  // (not run)
+};
+W4Result bench_w4(const Options& o, Flusher& flush) {
+  w4::Sizes s{512, 256, 1024};
+  auto p = w4::random_params<kiln::bf16>(s, 40, kiln::cpu());
+  auto st = w4::step(p);
+  auto run = [&](kiln::Mode m) { return std::apply([&](const auto&... e) { return kiln::evaluate(m, e...); }, st); };
+  auto out = run(kiln::Mode::fused);
+  std::vector<int64_t> all(static_cast<size_t>(s.M));
+  for (int64_t i = 0; i < s.M; ++i) all[size_t(i)] = i;
+  w4::Ref ref = w4::reference(w4::to_host(s, p), all, true);
+  double e[6] = {std::fabs(double(std::get<0>(out)()) - ref.loss) / ref.loss, w4::rel_err(std::get<1>(out).to_vector(), ref.dx),
+                 w4::rel_err(std::get<2>(out).to_vector(), ref.dW1), w4::rel_err(std::get<3>(out).to_vector(), ref.db1),
+                 w4::rel_err(std::get<4>(out).to_vector(), ref.dW2), w4::rel_err(std::get<5>(out).to_vector(), ref.db2)};
+  W4Result r;
+  r.worst = *std::max_element(e, e + 6);
+  r.ok = r.worst <= 2e-2;  // bf16 inputs and outputs: 8 bits of mantissa
+  std::vector<double> fused, eager;
+  run(kiln::Mode::eager);
+  for (int i = 0; i < std::max(3, o.reps / 3); ++i) {
+    if (o.flush) flush();
+    auto t0 = Clock::now();
+    run(kiln::Mode::fused);
+    fused.push_back(ms_since(t0));
+    if (o.flush) flush();
+    t0 = Clock::now();
+    run(kiln::Mode::eager);
+    eager.push_back(ms_since(t0));
+  }
+  r.fused_ms = median(fused), r.eager_ms = median(eager), r.gflops = s.flops() / r.fused_ms / 1e6;
+  size_t kernels = std::apply([](const auto&... x) { return kiln::kernel_count(kiln::Mode::fused, x...); }, st);
+  std::printf("\nW4 MLP training step, bf16, x [512, 256], W1 [256, 1024], W2 [1024, 256] (forward + backward, grads of x, W1, b1, W2, b2)\n");
+  std::printf("  kiln compiled %8.2f ms (%.1f GFLOP/s, %zu kernels)   kiln eager %8.2f ms (%.1f GFLOP/s)   eager/compiled %.2fx\n",
+              r.fused_ms, r.gflops, kernels, r.eager_ms, s.flops() / r.eager_ms / 1e6, r.eager_ms / r.fused_ms);
+  std::printf("  vs float64 loops (rel. Frobenius error): loss %.1e  dx %.1e  dW1 %.1e  db1 %.1e  dW2 %.1e  db2 %.1e%s\n", e[0],
+              e[1], e[2], e[3], e[4], e[5], r.ok ? "" : "  FAILED CHECK (> 2e-2)");
+  std::printf("  %s", kiln::explain_memory(std::get<0>(st), std::get<1>(st), std::get<2>(st), std::get<3>(st), std::get<4>(st),
+                                           std::get<5>(st)).str().c_str());
+  return r;
 }
 
 // ---- JIT latency, in a child process (the bench itself with --latency-child) ----
@@ -887,6 +933,9 @@ int main(int argc, char** argv) {
     }
   }
 
+  W4Result r4;
+  if (!o.only_gemm) r4 = bench_w4(o, flush);
+
   Latency L;
   if (o.latency) L = measure_latency();
 
@@ -905,6 +954,7 @@ int main(int argc, char** argv) {
   bool all_ok = true;
   for (const auto& r : rows)
     for (const Impl* im : {r.kiln, r.eager, r.plain, r.eigen}) all_ok &= !im || im->ok;
+  all_ok &= r4.ok;
   for (const auto& r : gemm)
     for (const Impl& im : r.impls) all_ok &= im.ok;
   if (!o.only_gemm) {
