@@ -178,6 +178,49 @@ static void gemm_benches() {
   }
 }
 
+// ---- W4: the MLP training step (forward + backward), bf16; gives its JSON line ----
+static std::string w4_step_bench() {
+  // x [8192,4096], W1 [4096,16384], W2 [16384,4096]
+  w4::Sizes s{8192, 4096, 16384};
+  auto p = w4::random_params<bf16>(s, 40, cuda(0));
+  auto st = w4::step(p);
+  auto run = [](Mode m, const auto& exprs) { return std::apply([&](const auto&... e) { return evaluate(m, e...); }, exprs); };
+  auto out = run(Mode::fused, st);
+  // float64 reference: the same step in f64 on the device, from the same (bf16-rounded) values;
+  // itself checked on a few rows of dx against plain float64 loops on the host.
+  auto p64 = w4::convert<f64>(p);
+  auto ref = run(Mode::fused, w4::step(p64));
+  double e_loss = std::fabs(double(std::get<0>(out)()) - std::get<0>(ref)()) / std::fabs(std::get<0>(ref)());
+  double e[5] = {w4::rel_err(std::get<1>(out), std::get<1>(ref)), w4::rel_err(std::get<2>(out), std::get<2>(ref)),
+                 w4::rel_err(std::get<3>(out), std::get<3>(ref)), w4::rel_err(std::get<4>(out), std::get<4>(ref)),
+                 w4::rel_err(std::get<5>(out), std::get<5>(ref))};
+  std::vector<int64_t> sample = {0, 1, s.M / 2 + 1, s.M - 1};
+  w4::Ref host = w4::reference(w4::to_host(s, p), sample, false);
+  std::vector<double> dx64, dxbf;
+  for (int64_t r : sample) {
+    auto a = std::get<1>(ref).slice(0, r, r + 1).to_vector(), b = std::get<1>(out).slice(0, r, r + 1).to_vector();
+    dx64.insert(dx64.end(), a.begin(), a.end()), dxbf.insert(dxbf.end(), b.begin(), b.end());
+  }
+  double e_host64 = w4::rel_err(dx64, host.dx), e_hostbf = w4::rel_err(dxbf, host.dx);
+  double fused = time_ms([&] { auto o = run(Mode::fused, st); }, 10);
+  double eager = time_ms([&] { auto o = run(Mode::eager, st); }, 5);
+  size_t kernels = std::apply([](const auto&... x) { return kernel_count(Mode::fused, x...); }, st);
+  double worst = std::max({e_loss, e[0], e[1], e[2], e[3], e[4]});
+  std::printf("W4 MLP step bf16           fused %8.3f ms  eager %8.3f ms  %6.1f TFLOP/s (eager %.1f)  eager/fused %5.2fx  kernels %zu\n",
+              fused, eager, s.flops() / fused / 1e9, s.flops() / eager / 1e9, eager / fused, kernels);
+  std::printf("  vs float64 (rel. Frobenius error): loss %.1e  dx %.1e  dW1 %.1e  db1 %.1e  dW2 %.1e  db2 %.1e; "
+              "f64 reference vs host loops on %zu rows of dx: %.1e (bf16 step: %.1e)\n",
+              e_loss, e[0], e[1], e[2], e[3], e[4], sample.size(), e_host64, e_hostbf);
+  char buf[1024];
+  std::snprintf(buf, sizeof buf,
+                "{\"type\":\"kiln\",\"name\":\"W4 MLP step bf16\",\"fused_ms\":%.6g,\"eager_ms\":%.6g,\"flops\":%.6g,"
+                "\"rel_err\":%.3g,\"rel_err_loss\":%.3g,\"rel_err_grads\":{\"x\":%.3g,\"W1\":%.3g,\"b1\":%.3g,\"W2\":%.3g,"
+                "\"b2\":%.3g},\"ref64_vs_host_rows\":%.3g,\"kernels\":%zu}\n",
+                fused, eager, s.flops(), worst, e_loss, e[0], e[1], e[2], e[3], e[4], e_host64, kernels);
+  std::fflush(stdout);
+  return buf;
+}
+
 static void report(const Row& r) {
   rows.push_back(r);
   double gbs = r.bytes / r.fused_ms / 1e6;
@@ -198,10 +241,13 @@ int main(int argc, char** argv) {
   const char* only = std::getenv("KILN_BENCH_ONLY");
   bool all = !only || !*only;
   if (all || std::string(only) == "gemm") gemm_benches();
+  // KILN_BENCH_ONLY=w4: the W4 training step alone.
+  std::string w4_only = !all && std::string(only) == "w4" ? w4_step_bench() : "";
   if (!all) {
     if (argc > 1) {
       std::ofstream out(argv[1]);
       write_gemm_rows(out);
+      out << w4_only;
     }
     return 0;
   }
@@ -288,48 +334,7 @@ int main(int argc, char** argv) {
     report({"W8 sum+var_mean f32", time_ms([&] { auto o = eval(both()); }), time_ms([&] { auto o = eval_eager(both()); }),
             bytes + R * 12.0, 0, 0});
   }
-  std::string w4_json;
-  {  // W4: MLP training step (forward + backward), bf16, x [8192,4096], W1 [4096,16384], W2 [16384,4096]
-    w4::Sizes s{8192, 4096, 16384};
-    auto p = w4::random_params<bf16>(s, 40, cuda(0));
-    auto st = w4::step(p);
-    auto run = [](Mode m, const auto& exprs) { return std::apply([&](const auto&... e) { return evaluate(m, e...); }, exprs); };
-    auto out = run(Mode::fused, st);
-    // float64 reference: the same step in f64 on the device, from the same (bf16-rounded) values;
-    // itself checked on a few rows of dx against plain float64 loops on the host.
-    auto p64 = w4::convert<f64>(p);
-    auto ref = run(Mode::fused, w4::step(p64));
-    double e_loss = std::fabs(double(std::get<0>(out)()) - std::get<0>(ref)()) / std::fabs(std::get<0>(ref)());
-    double e[5] = {w4::rel_err(std::get<1>(out), std::get<1>(ref)), w4::rel_err(std::get<2>(out), std::get<2>(ref)),
-                   w4::rel_err(std::get<3>(out), std::get<3>(ref)), w4::rel_err(std::get<4>(out), std::get<4>(ref)),
-                   w4::rel_err(std::get<5>(out), std::get<5>(ref))};
-    std::vector<int64_t> rows = {0, 1, s.M / 2 + 1, s.M - 1};
-    w4::Ref host = w4::reference(w4::to_host(s, p), rows, false);
-    std::vector<double> dx64, dxbf;
-    for (int64_t r : rows) {
-      auto a = std::get<1>(ref).slice(0, r, r + 1).to_vector(), b = std::get<1>(out).slice(0, r, r + 1).to_vector();
-      dx64.insert(dx64.end(), a.begin(), a.end()), dxbf.insert(dxbf.end(), b.begin(), b.end());
-    }
-    double e_host64 = w4::rel_err(dx64, host.dx), e_hostbf = w4::rel_err(dxbf, host.dx);
-    double fused = time_ms([&] { auto o = run(Mode::fused, st); }, 10);
-    double eager = time_ms([&] { auto o = run(Mode::eager, st); }, 5);
-    size_t kernels = std::apply([](const auto&... x) { return kernel_count(Mode::fused, x...); }, st);
-    double worst = std::max({e_loss, e[0], e[1], e[2], e[3], e[4]});
-    std::printf("W4 MLP step bf16           fused %8.3f ms  eager %8.3f ms  %6.1f TFLOP/s (eager %.1f)  eager/fused %5.2fx  kernels %zu
-",
-                fused, eager, s.flops() / fused / 1e9, s.flops() / eager / 1e9, eager / fused, kernels);
-    std::printf("  vs float64 (rel. Frobenius error): loss %.1e  dx %.1e  dW1 %.1e  db1 %.1e  dW2 %.1e  db2 %.1e; "
-                "f64 reference vs host loops on %zu rows of dx: %.1e (bf16 step: %.1e)\n",
-                e_loss, e[0], e[1], e[2], e[3], e[4], rows.size(), e_host64, e_hostbf);
-    char buf[1024];
-    std::snprintf(buf, sizeof buf,
-                  "{\"type\":\"kiln\",\"name\":\"W4 MLP step bf16\",\"fused_ms\":%.6g,\"eager_ms\":%.6g,\"flops\":%.6g,"
-                  "\"rel_err\":%.3g,\"rel_err_loss\":%.3g,\"rel_err_grads\":{\"x\":%.3g,\"W1\":%.3g,\"b1\":%.3g,\"W2\":%.3g,"
-                  "\"b2\":%.3g},\"ref64_vs_host_rows\":%.3g,\"kernels\":%zu}\n",
-                  fused, eager, s.flops(), worst, e_loss, e[0], e[1], e[2], e[3], e[4], e_host64, kernels);
-    w4_json = buf;
-    std::fflush(stdout);
-  }
+  std::string w4_json = w4_step_bench();
   double floor_us = 0, plus_one_us = 0, w7_us = 0, w7_eager_us = 0;
   {  // launch floor (a tiny kernel through the driver) and a compiled x+1 on one element
     auto& mod = cu::load_cuda_module("extern \"C\" __global__ void k(float* p) { if (p) p[0] = 1.0f; }");
