@@ -120,14 +120,21 @@ class CppKernelWriter {
     s += "  const int64_t inner = nd ? sz[nd - 1] : 1;\n  int64_t rows = 1;\n  for (int d = 0; d + 1 < nd; ++d) rows *= sz[d];\n";
     s += "  if (inner == 0 || rows == 0) return;\n";
     s += "  const int64_t cpr = (inner + KILN_CHUNK - 1) / KILN_CHUNK;\n";
-    s += "#pragma omp parallel for schedule(static) if (rows * inner > 32768)\n";
-    s += "  for (int64_t c = 0; c < rows * cpr; ++c) {\n";
+    s += "  auto chunk = [&](int64_t c) {\n";
     s += "    const int64_t r = c / cpr, j0 = (c % cpr) * KILN_CHUNK, j1 = j0 + KILN_CHUNK < inner ? j0 + KILN_CHUNK : inner;\n";
     s += offsets("r", "0", "nd - 1", "o", "    ");
     s += bases("    ", false);
     s += "#pragma omp simd\n    for (int64_t j = j0; j < j1; ++j) {\n";
     s += stores_where(ve, "      ", [](size_t) { return true; });
-    return s + "    }\n  }\n";
+    s += "    }\n  };\n";
+    return s + serial_or_parallel("rows * cpr", "chunk", "rows * inner > 32768");
+  }
+
+  // `for (i < n) body(i)`, in parallel when `cond` holds. NOTE: not `omp parallel for if(cond)`:
+  // a region its `if` turns off still makes a libgomp team of one, about 2 µs a call.
+  static std::string serial_or_parallel(const std::string& n, const std::string& body, const std::string& cond) {
+    std::string loop = "    for (int64_t i = 0; i < " + n + "; ++i) " + body + "(i);\n";
+    return "  if (" + cond + ") {\n#pragma omp parallel for schedule(static)\n" + loop + "  } else {\n" + loop + "  }\n";
   }
 
   // A pass over one row: plain when the rows themselves run in parallel, else its chunks in
@@ -149,8 +156,7 @@ class CppKernelWriter {
     s += "  const int64_t cpr = inner ? (inner + KILN_CHUNK - 1) / KILN_CHUNK : 0, nchunk = irows * cpr;\n";
     s += "  const bool par_rows = outer >= omp_get_max_threads() || outer * nchunk < 2 * omp_get_max_threads() || irows * inner < 16384;\n";
     s += "  (void)par_rows;\n";
-    s += "#pragma omp parallel for schedule(static) if (par_rows && outer > 1)\n";
-    s += "  for (int64_t r = 0; r < outer; ++r) {\n";
+    s += "  auto row = [&](int64_t r) {\n";
     s += offsets("r", "0", "no", "o", "    ");
     auto ld = [&](int sl) { return load(sl); };
     auto ix = [&](int sl) { return index(sl); };
@@ -215,8 +221,8 @@ class CppKernelWriter {
     // Row-level stores: once per row, at inner index 0 (their inputs do not vary along it).
     s += "    {\n" + bases("      ", false) + "      const int64_t j = 0;\n";
     s += stores_where(ve, "      ", [&](size_t i) { return bool(k_.row_level_[i]); });
-    s += "      (void)j;\n    }\n  }\n";
-    return s;
+    s += "      (void)j;\n    }\n  };\n";
+    return s + serial_or_parallel("outer", "row", "par_rows && outer > 1 && outer * irows * inner > 32768");
   }
 
   // The blocked GEMM of codegen/device/cpu_gemm.hpp; every C element leaves through `store`, which
