@@ -9,8 +9,8 @@
 // the device kind. Sizes, strides, pointers and scalar values are run-time data
 // of the graph, not of the signature, so a new size reuses the same plan.
 #pragma once
+#include <cstring>
 #include <memory>
-#include <unordered_map>
 #include <vector>
 
 #include "kiln/core/hash.hpp"
@@ -62,10 +62,68 @@ struct Graph {
   const Node& child(const Node& n, int i) const { return nodes[size_t(arg(n, i))]; }
 };
 
+// An index from 64-bit fingerprints to small ints, for the tracer's per-call lookups:
+// the first few entries in place (a tiny expression allocates nothing here), then an
+// open-addressing table (a per-node hash map made tracing a tiny expression cost more
+// than launching its kernel). Fingerprints may collide: the caller confirms a
+// candidate with `same(value)`.
+class FingerprintIndex {
+ public:
+  template <class Same>
+  int find(uint64_t key, Same&& same) const {
+    if (table_.empty()) {
+      for (size_t i = 0; i < count_; ++i)
+        if (few_[i].key == key && same(few_[i].value)) return few_[i].value;
+      return -1;
+    }
+    for (size_t i = key & mask(); table_[i].value >= 0; i = (i + 1) & mask())
+      if (table_[i].key == key && same(table_[i].value)) return table_[i].value;
+    return -1;
+  }
+  void insert(uint64_t key, int value) {
+    if (table_.empty() && count_ < kFew) {
+      few_[count_++] = {key, value};
+      return;
+    }
+    if (2 * (count_ + 1) > table_.size()) grow();
+    put(key, value);
+    ++count_;
+  }
+  // A well-mixed fingerprint of a few words.
+  static uint64_t mix(uint64_t h, uint64_t v) { return (h ^ detail::fmix64(v + 0x9E3779B97F4A7C15ull)) * 0xff51afd7ed558ccdull; }
+
+ private:
+  struct Entry {
+    uint64_t key = 0;
+    int value = -1;
+  };
+  static constexpr size_t kFew = 8;
+  size_t mask() const { return table_.size() - 1; }
+  void put(uint64_t key, int value) {
+    size_t i = key & mask();
+    while (table_[i].value >= 0) i = (i + 1) & mask();
+    table_[i] = {key, value};
+  }
+  void grow() {
+    std::vector<Entry> old = table_.empty() ? std::vector<Entry>(few_, few_ + count_) : std::move(table_);
+    table_.assign(std::max<size_t>(32, old.size() * 2), Entry{});
+    for (const Entry& e : old)
+      if (e.value >= 0) put(e.key, e.value);
+  }
+  Entry few_[kFew];
+  std::vector<Entry> table_;
+  size_t count_ = 0;
+};
+
 // Builds a Graph from expressions. Dedup: a node equal in op, attributes and
 // arguments to an earlier one *is* that node.
 class Tracer {
  public:
+  Tracer() {  // room for a small expression: one allocation per array
+    g_.nodes.reserve(8);
+    g_.args.reserve(8);
+    memo_.reserve(8);
+  }
   // An expression kind may trace itself with a member `int trace_into(Tracer&)`
   // (autograd's nodes do: they decide at trace time which terms exist).
   // NOTE: memoized by address and type, so an expression shared by pointer is
@@ -75,11 +133,13 @@ class Tracer {
   int trace(const E& e) {
     using T = std::remove_cvref_t<E>;
     MemoKey key{&e, &kTypeTag<T>};
-    if (auto it = memo_.find(key); it != memo_.end()) return it->second;
+    uint64_t fp = FingerprintIndex::mix(reinterpret_cast<uintptr_t>(key.addr), reinterpret_cast<uintptr_t>(key.type));
+    if (int m = memo_index_.find(fp, [&](int i) { return memo_[size_t(i)].key == key; }); m >= 0) return memo_[size_t(m)].id;
     int id;
     if constexpr (requires(Tracer& t) { { e.trace_into(t) } -> std::same_as<int>; }) id = e.trace_into(*this);
     else id = trace_node(e);
-    memo_.emplace(key, id);
+    memo_index_.insert(fp, int(memo_.size()));
+    memo_.push_back({key, id});
     return id;
   }
   // Marks node `id` as a gradient seed (the scheduler tells forward from backward by it).
@@ -102,12 +162,12 @@ class Tracer {
     const void *addr, *type;
     bool operator==(const MemoKey&) const = default;
   };
-  struct MemoHash {
-    size_t operator()(const MemoKey& k) const {
-      return std::hash<const void*>()(k.addr) * 31 + std::hash<const void*>()(k.type);
-    }
+  struct MemoEntry {
+    MemoKey key;
+    int id;
   };
-  std::unordered_map<MemoKey, int, MemoHash> memo_;
+  std::vector<MemoEntry> memo_;
+  FingerprintIndex memo_index_;
 
   template <Expr E>
   int trace_node(const E& e) {
@@ -230,48 +290,79 @@ class Tracer {
 
   int add(Node&& n, std::initializer_list<int32_t> ids) { return add(std::move(n), std::vector<int32_t>(ids)); }
   int add(Node&& n, const std::vector<int32_t>& ids) {
-    // Dedup key: everything that makes two nodes the same value.
-    Hasher k;
-    k.add(n.op).add(n.dtype).add(n.rank).add(n.axes).add(n.dim).add(n.value).add(n.seed).add(n.offset);
-    for (int i = 0; i < n.rank; ++i) k.add(n.shape[i]);
-    for (int id : ids) k.add(id);
-    if (n.op == Prim::input) {
-      k.add(reinterpret_cast<uintptr_t>(n.storage.get())).add(n.elem_offset);
-      for (int i = 0; i < n.rank; ++i) k.add(n.strides[i]);
-    }
-    if (n.view) hash_view(k, *n.view, n.rank);
-    if (n.pad)
-      for (int i = 0; i < n.rank; ++i) k.add(n.pad->before[i]).add(n.pad->after[i]);
-    Hash128 key = k.digest();
-    if (auto it = seen_.find(key); it != seen_.end()) return it->second;
+    // Dedup: a node equal to an earlier one in everything that makes a value is that node.
+    uint64_t fp = dedup_fingerprint(n, ids);
+    if (int same = seen_.find(fp, [&](int id) { return same_value(g_.nodes[size_t(id)], n, ids); }); same >= 0) return same;
 
-    // Signature: the structure only (no sizes, strides, pointers or values).
-    sig_.add(n.op).add(n.dtype).add(n.rank).add(n.ones).add(n.axes).add(n.dim).add(uint32_t(ids.size()));
-    for (int id : ids) sig_.add(id);
-    if (n.op == Prim::input && n.storage) sig_.add(int32_t(leaf_class(n)));
+    // Signature: the structure only (no sizes, strides, pointers or values), one piece per node.
+    uint32_t w[8] = {uint32_t(n.op), uint32_t(n.dtype), n.rank, n.ones, n.axes, uint32_t(n.dim), uint32_t(ids.size()),
+                     n.op == Prim::input && n.storage ? uint32_t(leaf_class(n)) : ~0u};
+    sig_.add(w, sizeof w);
+    if (!ids.empty()) sig_.add(ids.data(), ids.size() * sizeof(int32_t));
 
     n.arg0 = int32_t(g_.args.size()), n.nargs = uint8_t(ids.size());
     g_.args.insert(g_.args.end(), ids.begin(), ids.end());
     int id = int(g_.nodes.size());
     g_.nodes.push_back(std::move(n));
-    seen_.emplace(key, id);
+    seen_.insert(fp, id);
     return id;
   }
-  static void hash_view(Hasher& k, const ViewAttrs& v, int rank) {
-    k.add(v.kind).add(v.dim).add(v.start).add(v.step);
-    for (int i = 0; i < rank; ++i) k.add(v.sizes[i]).add(v.perm[i]);
+  static uint64_t bits(double v) {
+    uint64_t b;
+    std::memcpy(&b, &v, 8);
+    return b;
+  }
+  static uint64_t dedup_fingerprint(const Node& n, const std::vector<int32_t>& ids) {
+    using F = FingerprintIndex;
+    uint64_t h = F::mix(uint64_t(n.op) | uint64_t(n.dtype) << 8 | uint64_t(n.rank) << 16 | uint64_t(n.axes) << 32, bits(n.value));
+    h = F::mix(h, uint64_t(uint32_t(n.dim)) ^ n.seed * 31 ^ n.offset * 131);
+    for (int i = 0; i < n.rank; ++i) h = F::mix(h, uint64_t(n.shape[size_t(i)]));
+    for (int id : ids) h = F::mix(h, uint64_t(uint32_t(id)));
+    if (n.op == Prim::input) h = F::mix(h, reinterpret_cast<uintptr_t>(n.storage.get()) ^ uint64_t(n.elem_offset) * 8191);
+    return h;
+  }
+  // Everything that makes two nodes the same value: op, attributes, shape, arguments; for
+  // leaves the memory they read.
+  bool same_value(const Node& a, const Node& b, const std::vector<int32_t>& ids) const {
+    if (a.op != b.op || a.dtype != b.dtype || a.rank != b.rank || a.axes != b.axes || a.dim != b.dim ||
+        bits(a.value) != bits(b.value) || a.seed != b.seed || a.offset != b.offset || a.nargs != ids.size())
+      return false;
+    for (int i = 0; i < a.rank; ++i)
+      if (a.shape[size_t(i)] != b.shape[size_t(i)]) return false;
+    for (size_t i = 0; i < ids.size(); ++i)
+      if (g_.args[size_t(a.arg0) + i] != ids[i]) return false;
+    if (a.op == Prim::input) {
+      if (a.storage != b.storage || a.elem_offset != b.elem_offset) return false;
+      for (int i = 0; i < a.rank; ++i)
+        if (a.strides[size_t(i)] != b.strides[size_t(i)]) return false;
+    }
+    if (bool(a.view) != bool(b.view) || bool(a.pad) != bool(b.pad)) return false;
+    if (a.view) {
+      const ViewAttrs &u = *a.view, &v = *b.view;
+      if (u.kind != v.kind || u.dim != v.dim || u.start != v.start || u.step != v.step) return false;
+      for (int i = 0; i < a.rank; ++i)
+        if (u.sizes[size_t(i)] != v.sizes[size_t(i)] || u.perm[size_t(i)] != v.perm[size_t(i)]) return false;
+    }
+    if (a.pad)
+      for (int i = 0; i < a.rank; ++i)
+        if (a.pad->before[size_t(i)] != b.pad->before[size_t(i)] || a.pad->after[size_t(i)] != b.pad->after[size_t(i)]) return false;
+    return true;
   }
   // Leaves on the same storage are told apart in the signature only by order of
   // first appearance, so that two calls with fresh tensors share a plan.
   size_t leaf_class(const Node& n) {
-    auto [it, fresh] = storages_.emplace(n.storage.get(), storages_.size());
-    return it->second;
+    // NOTE: mix(0, p) is a bijection of p: equal fingerprints are equal pointers.
+    uint64_t fp = FingerprintIndex::mix(0, reinterpret_cast<uintptr_t>(n.storage.get()));
+    if (int c = storage_index_.find(fp, [](int) { return true; }); c >= 0) return size_t(c);
+    storage_index_.insert(fp, storages_);
+    return size_t(storages_++);
   }
 
   Graph g_;
   Hasher sig_;
-  std::unordered_map<Hash128, int, Hash128Hasher> seen_;
-  std::unordered_map<const void*, size_t> storages_;
+  FingerprintIndex seen_;
+  int storages_ = 0;
+  FingerprintIndex storage_index_;
 };
 
 // Traces one or several expressions (several outputs are one plan).

@@ -7,6 +7,7 @@
 // permuted for reductions, then coalesced), the strides of every slot over it,
 // the params, and the variant (how each slot strides along the innermost dim).
 #pragma once
+#include <array>
 #include <cstring>
 #include <vector>
 
@@ -123,6 +124,9 @@ inline KernelArgs bind_kernel(const ir::Graph& g, const sched::Kernel& k, const 
   KernelArgs a;
   size_t ns = l.slots.size();
   std::vector<View> sv(ns);
+  a.ptrs.reserve(ns);
+  a.strides.reserve(ns);
+  a.meta.reserve(2 + (ns + 1) * kMaxRank);
   for (size_t i = 0; i < ns; ++i) {
     const codegen::Slot& s = l.slots[i];
     if (s.role == codegen::SlotRole::store) sv[i] = store_view(g, k.stores[size_t(s.store)], b);
@@ -167,44 +171,46 @@ inline KernelArgs bind_kernel(const ir::Graph& g, const sched::Kernel& k, const 
 
   // Domain dims: for rows, outer (kept) dims first, then reduced ones.
   int r = dn.rank;
-  std::vector<int> order;
+  std::array<int, kMaxRank> order{};
+  int nouter = 0;
   for (int i = 0; i < r; ++i)
-    if (!((k.axes >> i) & 1u)) order.push_back(i);
-  int nouter = int(order.size());
-  for (int i = 0; i < r; ++i)
-    if ((k.axes >> i) & 1u) order.push_back(i);
+    if (!((k.axes >> i) & 1u)) order[size_t(nouter++)] = i;
+  for (int i = 0, n = nouter; i < r; ++i)
+    if ((k.axes >> i) & 1u) order[size_t(n++)] = i;
   ir::Dims dom = dn.shape;
   if (k.kind == sched::KernelKind::pointwise && k.stores[0].into != sched::StoreInto::whole)
     dom = g.nodes[size_t(k.stores[0].value)].shape;
-  std::vector<ir::Dims> st(ns);
-  for (size_t i = 0; i < ns; ++i) st[i] = detail::aligned_strides(sv[i], dom, r);
 
-  // Drop size-1 dims, merge neighbours that every slot walks contiguously.
-  std::vector<int64_t> sizes;
-  std::vector<std::vector<int64_t>> strides(ns);
-  std::vector<int> group;
+  // Drop size-1 dims, merge neighbours that every slot walks contiguously. strides[i]:
+  // slot i's strides over the merged dims, first the slot's own over the domain.
+  std::vector<ir::Dims> st(ns), strides(ns);
+  for (size_t i = 0; i < ns; ++i) st[i] = detail::aligned_strides(sv[i], dom, r);
+  std::array<int64_t, kMaxRank> sizes{};
+  std::array<int, kMaxRank> group{};
+  int nd = 0;
   for (int idx = 0; idx < r; ++idx) {
     int d = order[size_t(idx)], grp = idx < nouter ? 0 : 1;
     if (dom[size_t(d)] == 1) continue;
-    bool merge = !sizes.empty() && group.back() == grp;
-    for (size_t i = 0; merge && i < ns; ++i) merge = strides[i].back() == st[i][size_t(d)] * dom[size_t(d)];
+    bool merge = nd > 0 && group[size_t(nd - 1)] == grp;
+    for (size_t i = 0; merge && i < ns; ++i) merge = strides[i][size_t(nd - 1)] == st[i][size_t(d)] * dom[size_t(d)];
     if (merge) {
-      sizes.back() *= dom[size_t(d)];
-      for (size_t i = 0; i < ns; ++i) strides[i].back() = st[i][size_t(d)];
+      sizes[size_t(nd - 1)] *= dom[size_t(d)];
+      for (size_t i = 0; i < ns; ++i) strides[i][size_t(nd - 1)] = st[i][size_t(d)];
     } else {
-      sizes.push_back(dom[size_t(d)]);
-      group.push_back(grp);
-      for (size_t i = 0; i < ns; ++i) strides[i].push_back(st[i][size_t(d)]);
+      sizes[size_t(nd)] = dom[size_t(d)];
+      group[size_t(nd)] = grp;
+      for (size_t i = 0; i < ns; ++i) strides[i][size_t(nd)] = st[i][size_t(d)];
+      ++nd;
     }
   }
-  int nd = int(sizes.size()), no = 0;
-  for (int gi : group) no += gi == 0;
+  int no = 0;
+  for (int i = 0; i < nd; ++i) no += group[size_t(i)] == 0;
   a.meta.push_back(nd), a.meta.push_back(no);
-  a.meta.insert(a.meta.end(), sizes.begin(), sizes.end());
-  for (size_t i = 0; i < ns; ++i) a.meta.insert(a.meta.end(), strides[i].begin(), strides[i].end());
+  a.meta.insert(a.meta.end(), sizes.begin(), sizes.begin() + nd);
+  for (size_t i = 0; i < ns; ++i) a.meta.insert(a.meta.end(), strides[i].begin(), strides[i].begin() + nd);
   bool has_inner = k.kind == sched::KernelKind::rows ? nd > no : nd > 0;
   for (size_t i = 0; i < ns; ++i) {
-    int64_t s = has_inner ? strides[i].back() : 0;
+    int64_t s = has_inner ? strides[i][size_t(nd - 1)] : 0;
     a.strides.push_back(s == 0 ? codegen::Stride::zero : s == 1 ? codegen::Stride::unit : codegen::Stride::any);
   }
   a.work = 1;

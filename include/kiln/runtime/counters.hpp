@@ -5,8 +5,9 @@
 // the launch path; gives out a snapshot that tests and users assert on:
 // compiles (a compiler actually ran), memory_hits (a loaded module was reused),
 // disk_hits (a verified disk entry was loaded), kernels_launched, tunings
-// (max-autotune benchmarked a key's candidates) and tune_db_hits (a tuning
-// database lookup found the key: tune/db.hpp).
+// (max-autotune benchmarked a key's candidates), tune_db_hits (a tuning database
+// lookup found the key: tune/db.hpp) and plans_built (the scheduler ran: a
+// signature seen for the first time).
 #pragma once
 
 #include <atomic>
@@ -15,13 +16,14 @@
 namespace kiln {
 
 struct Counters {
-  uint64_t compiles = 0, memory_hits = 0, disk_hits = 0, kernels_launched = 0, tunings = 0, tune_db_hits = 0;
+  uint64_t compiles = 0, memory_hits = 0, disk_hits = 0, kernels_launched = 0, tunings = 0, tune_db_hits = 0, plans_built = 0;
 };
 
 namespace detail {
 
 struct AtomicCounters {
-  std::atomic<uint64_t> compiles{0}, memory_hits{0}, disk_hits{0}, kernels_launched{0}, tunings{0}, tune_db_hits{0};
+  std::atomic<uint64_t> compiles{0}, memory_hits{0}, disk_hits{0}, kernels_launched{0}, tunings{0}, tune_db_hits{0},
+      plans_built{0};
 };
 
 // NOTE: a function-local static in an inline function is one object per
@@ -38,7 +40,8 @@ inline Counters counters() {
   auto& s = detail::counters_state();
   return Counters{s.compiles.load(std::memory_order_relaxed), s.memory_hits.load(std::memory_order_relaxed),
                   s.disk_hits.load(std::memory_order_relaxed), s.kernels_launched.load(std::memory_order_relaxed),
-                  s.tunings.load(std::memory_order_relaxed), s.tune_db_hits.load(std::memory_order_relaxed)};
+                  s.tunings.load(std::memory_order_relaxed), s.tune_db_hits.load(std::memory_order_relaxed),
+                  s.plans_built.load(std::memory_order_relaxed)};
 }
 
 inline void reset_counters() {
@@ -49,6 +52,7 @@ inline void reset_counters() {
   s.kernels_launched.store(0, std::memory_order_relaxed);
   s.tunings.store(0, std::memory_order_relaxed);
   s.tune_db_hits.store(0, std::memory_order_relaxed);
+  s.plans_built.store(0, std::memory_order_relaxed);
 }
 
 }  // namespace kiln

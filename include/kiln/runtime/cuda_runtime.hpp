@@ -126,7 +126,7 @@ class CudaFunction {
   // kernel argument, as cuLaunchKernel takes them. `describe` (shapes, sizes) is
   // put into any error. Dynamic shared memory above 48 KiB is opted into once per
   // kernel. Counts kernels_launched. In sync mode, waits and checks.
-  inline void launch(Dim3 grid, Dim3 block, unsigned shared_bytes, void** args, std::string_view describe = {},
+  inline void launch(Dim3 grid, Dim3 block, unsigned shared_bytes, void** args, const LazyText& describe = {},
                      CUstream stream = nullptr) const;
 
   // Lets launches ask for up to `bytes` of dynamic shared memory (up to the
@@ -446,9 +446,9 @@ inline std::string dim_text(Dim3 d) {
 }
 
 inline std::string launch_text(const KernelState& k, Dim3 grid, Dim3 block, unsigned shared_bytes,
-                               std::string_view describe) {
+                               const LazyText& describe) {
   std::string out = "kernel '" + k.name + "'";
-  if (!describe.empty()) out += " [" + std::string(describe) + "]";
+  if (!describe.empty()) out += " [" + describe.str() + "]";
   out += " grid " + dim_text(grid) + " block " + dim_text(block) + " dynamic shared " + std::to_string(shared_bytes) +
          " bytes on device " + std::to_string(k.device->ordinal());
   uint64_t threads = uint64_t{block.x} * block.y * block.z;
@@ -480,7 +480,7 @@ inline void CudaFunction::set_max_dynamic_shared_memory(int bytes) const {
 }
 
 inline void CudaFunction::launch(Dim3 grid, Dim3 block, unsigned shared_bytes, void** args,
-                                 std::string_view describe, CUstream stream) const {
+                                 const LazyText& describe, CUstream stream) const {
   const detail::KernelState& k = state();
   if (static_cast<int>(shared_bytes) > k.dynamic_shared_limit.load(std::memory_order_relaxed)) {
     set_max_dynamic_shared_memory(static_cast<int>(shared_bytes));

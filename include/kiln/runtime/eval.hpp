@@ -9,6 +9,7 @@
 // evaluate_many takes run-time lists of expressions too (one plan for N parameters);
 // copy_into / assign write results into existing tensors (optimiser steps).
 #pragma once
+#include <atomic>
 #include <mutex>
 #include <unordered_map>
 
@@ -69,7 +70,7 @@ class CpuBackend final : public Backend {
       args.push_back(bind_kernel(g, kernels[k], cp.layouts[k], b));
       for (auto s : args.back().strides) vh.add(s);
     }
-    std::shared_ptr<CompiledVariant> v = variant(g, cp, vh.digest(), args);
+    const CompiledVariant* v = variant(g, cp, vh.digest(), args);
     for (size_t k = 0; k < kernels.size(); ++k) {
       if (args[k].work == 0) continue;
       v->fns[k](args[k].ptrs.data(), args[k].meta.data(), args[k].words.data());
@@ -84,17 +85,18 @@ class CpuBackend final : public Backend {
   }
 
  private:
-  std::shared_ptr<CompiledVariant> variant(const ir::Graph& g, CompiledPlan& cp, const Hash128& key,
-                                           const std::vector<KernelArgs>& args) {
+  // NOTE: a plain pointer: variants stay in their plan for the process (no reference count per call).
+  const CompiledVariant* variant(const ir::Graph& g, CompiledPlan& cp, const Hash128& key,
+                                 const std::vector<KernelArgs>& args) {
     std::lock_guard lock(cp.mu);
-    if (auto it = cp.variants.find(key); it != cp.variants.end()) return it->second;
+    if (auto it = cp.variants.find(key); it != cp.variants.end()) return it->second.get();
     auto v = std::make_shared<CompiledVariant>();
     v->module = jit::load_host_module(source(g, cp.plan, args));
     for (size_t k = 0; k < cp.plan.kernels.size(); ++k)
       v->fns.push_back(reinterpret_cast<CpuKernelFn>(v->module->symbol(("kiln_k" + std::to_string(k)).c_str())));
     cp.variants.emplace(key, v);
     if (auto hook = cpu_compile_hook()) hook(g, cp, args);
-    return v;
+    return v.get();
   }
 };
 
@@ -118,6 +120,7 @@ inline std::shared_ptr<CompiledPlan> plan_for(const ir::Graph& g, Mode mode) {
   auto cp = std::make_shared<CompiledPlan>();
   cp->plan = sched::schedule(g, mode != Mode::eager);
   cp->mode = mode;
+  kiln::detail::counters_state().plans_built.fetch_add(1, std::memory_order_relaxed);
   for (auto& k : cp->plan.kernels) cp->layouts.push_back(codegen::layout(g, k));
   if (log_enabled(LogTopic::sched))
     log(LogTopic::sched, "plan " + key.hex() + " (" + std::to_string(cp->plan.kernels.size()) + " kernels)\n" +
@@ -125,6 +128,39 @@ inline std::shared_ptr<CompiledPlan> plan_for(const ir::Graph& g, Mode mode) {
   plans.emplace(key, cp);
   return cp;
 }
+
+// The plans one expression type has run: a static slot per type, so a call whose
+// signature the type has seen before finds its plan without the process-wide map and
+// its lock (ARCHITECTURE.md, decision 1). The signature still decides: the same type
+// traces to another graph when its tensors alias differently, a dim becomes 1 or the
+// device kind changes, and that graph gets its own entry (up to kWays; then plan_for).
+class PlanSlot {
+ public:
+  CompiledPlan& get(const ir::Graph& g, Mode mode) {
+    size_t n = used_.load(std::memory_order_acquire);
+    for (size_t i = 0; i < n; ++i)
+      if (entries_[i].signature == g.signature && entries_[i].mode == mode) return *entries_[i].plan;
+    std::shared_ptr<CompiledPlan> cp = plan_for(g, mode);
+    std::lock_guard lock(mu_);
+    n = used_.load(std::memory_order_relaxed);
+    if (n < kWays) {
+      entries_[n] = {g.signature, mode, cp};
+      used_.store(n + 1, std::memory_order_release);
+    }
+    return *cp;  // NOTE: plan_for's map keeps every plan alive for the process
+  }
+
+ private:
+  static constexpr size_t kWays = 4;
+  struct Entry {
+    Hash128 signature;
+    Mode mode = Mode::fused;
+    std::shared_ptr<CompiledPlan> plan;
+  };
+  Entry entries_[kWays];
+  std::atomic<size_t> used_{0};
+  std::mutex mu_;
+};
 
 template <class DT, int R>
 Tensor<DT, R> output_tensor(const ir::Graph& g, const Bound& b, int id) {
@@ -146,9 +182,10 @@ using result_of = Tensor<dtype_of<E>, rank_of<E>>;
 template <Expr... Es>
 auto evaluate(Mode mode, const Es&... es) {
   ir::Graph g = ir::trace(es...);
-  auto cp = runtime::plan_for(g, mode);
-  runtime::Bound b = runtime::bind_buffers(g, cp->plan);
-  runtime::backend_for(g.device).run(g, *cp, b);
+  static runtime::PlanSlot slot;  // one per expression type
+  runtime::CompiledPlan& cp = slot.get(g, mode);
+  runtime::Bound b = runtime::bind_buffers(g, cp.plan);
+  runtime::backend_for(g.device).run(g, cp, b);
   auto outs = [&]<size_t... I>(std::index_sequence<I...>) {
     return std::tuple<runtime::result_of<Es>...>{runtime::output_tensor<dtype_of<Es>, rank_of<Es>>(g, b, g.outputs[I])...};
   }(std::index_sequence_for<Es...>{});

@@ -538,7 +538,7 @@ class HipFunction {
   // kernel argument, as hipModuleLaunchKernel takes them. `describe` (shapes,
   // sizes) is put into any error. Counts kernels_launched. In sync mode, waits
   // and checks.
-  inline void launch(Dim3 grid, Dim3 block, unsigned shared_bytes, void** args, std::string_view describe = {},
+  inline void launch(Dim3 grid, Dim3 block, unsigned shared_bytes, void** args, const LazyText& describe = {},
                      hipStream_t stream = nullptr) const;
 
   // Checks that launches may ask for `bytes` of dynamic shared memory (LDS). AMD
@@ -859,9 +859,9 @@ inline std::string dim_text(Dim3 d) {
 }
 
 inline std::string launch_text(const KernelState& k, Dim3 grid, Dim3 block, unsigned shared_bytes,
-                               std::string_view describe) {
+                               const LazyText& describe) {
   std::string out = "kernel '" + k.name + "'";
-  if (!describe.empty()) out += " [" + std::string(describe) + "]";
+  if (!describe.empty()) out += " [" + describe.str() + "]";
   out += " grid " + dim_text(grid) + " block " + dim_text(block) + " dynamic shared " + std::to_string(shared_bytes) +
          " bytes on device " + std::to_string(k.device->ordinal());
   uint64_t threads = uint64_t{block.x} * block.y * block.z;
@@ -884,7 +884,7 @@ inline void HipFunction::set_max_dynamic_shared_memory(int bytes) const {
               std::to_string(k.static_shared_bytes) + " static)");
 }
 
-inline void HipFunction::launch(Dim3 grid, Dim3 block, unsigned shared_bytes, void** args, std::string_view describe,
+inline void HipFunction::launch(Dim3 grid, Dim3 block, unsigned shared_bytes, void** args, const LazyText& describe,
                                 hipStream_t stream) const {
   const detail::KernelState& k = state();
   if (static_cast<int>(shared_bytes) > k.dynamic_shared_limit.load(std::memory_order_relaxed)) {

@@ -1,0 +1,70 @@
+// kiln — header-only C++20 tensor compiler.
+// SPDX-License-Identifier: Apache-2.0
+//
+// Host cost of a compiled call on a cache hit, on the CPU backend: `x + 1` on one
+// element through kiln::compile, back to back, against a direct call of the same
+// compiled kernel (the CPU's "bare launch"). The difference is kiln's own work per
+// call: trace, plan slot, bind, variant lookup, output allocation. Also the stages
+// one by one, so a regression shows where it came from.
+//   build/bench/host_overhead [calls]
+#include <kiln/kiln.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+using namespace kiln;
+using Clock = std::chrono::steady_clock;
+
+// Median over 7 rounds of the wall time per call (ns) of n back-to-back calls.
+template <class F>
+static double ns_per_call(F&& fn, int n) {
+  for (int i = 0; i < n / 10 + 10; ++i) fn();
+  std::vector<double> per;
+  for (int r = 0; r < 7; ++r) {
+    auto t0 = Clock::now();
+    for (int i = 0; i < n; ++i) fn();
+    per.push_back(std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / n);
+  }
+  std::sort(per.begin(), per.end());
+  return per[per.size() / 2];
+}
+
+int main(int argc, char** argv) {
+  int n = argc > 1 ? std::atoi(argv[1]) : 200000;
+  Tensor<f32, 1> x = Tensor<f32, 1>::from(Shape<1>{1}, std::vector<double>{0.5}, cpu());
+  auto f = compile([](const Tensor<f32, 1>& a) { return a + 1.0f; });
+  Tensor<f32, 1> y = f(x);  // compiles (or a disk hit)
+  if (y.to_vector()[0] != 1.5) {
+    std::printf("host_overhead: wrong result %g\n", y.to_vector()[0]);
+    return 1;
+  }
+
+  // The compiled kernel itself, called with the arguments kiln bound for it.
+  ir::Graph g = ir::trace(x + 1.0f);
+  auto cp = runtime::plan_for(g, Mode::fused);
+  runtime::Bound b = runtime::bind_buffers(g, cp->plan);
+  std::vector<runtime::KernelArgs> args{runtime::bind_kernel(g, cp->plan.kernels[0], cp->layouts[0], b)};
+  runtime::CpuKernelFn fn = cp->variants.begin()->second->fns[0];
+  auto& a = args[0];
+  double bare = ns_per_call([&] { fn(a.ptrs.data(), a.meta.data(), a.words.data()); }, n);
+
+  auto c0 = counters();
+  double call = ns_per_call([&] { Tensor<f32, 1> o = f(x); }, n);
+  auto c1 = counters();
+  double trace = ns_per_call([&] { ir::Graph t = ir::trace(x + 1.0f); }, n);
+  double plan = ns_per_call([&] { auto p = runtime::plan_for(g, Mode::fused); }, n);
+  double bind = ns_per_call([&] { runtime::Bound bb = runtime::bind_buffers(g, cp->plan); }, n);
+  double kargs = ns_per_call([&] { auto k = runtime::bind_kernel(g, cp->plan.kernels[0], cp->layouts[0], b); }, n);
+
+  std::printf("CPU host overhead, x + 1 on one f32 element, compiled, cache hit (median of 7 x %d calls):\n", n);
+  std::printf("  compiled call          %8.0f ns\n", call);
+  std::printf("  bare kernel call       %8.0f ns\n", bare);
+  std::printf("  kiln's own work        %8.0f ns per call\n", call - bare);
+  std::printf("  of which (alone): trace %.0f ns, plan lookup %.0f ns, bind buffers %.0f ns, bind kernel %.0f ns\n", trace,
+              plan, bind, kargs);
+  std::printf("  per call: compiles %.3f, kernels launched %.3f\n", double(c1.compiles - c0.compiles) / (8.0 * n),
+              double(c1.kernels_launched - c0.kernels_launched) / (7.0 * n + n / 10 + 10));
+}
