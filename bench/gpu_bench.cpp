@@ -5,8 +5,9 @@
 // first CUDA device: kiln compiled (fused) and eager, timed with CUDA events after an L2
 // flush, median of many calls, outputs checked against a float64 reference first;
 // the device-to-device copy ceiling and the launch floor measured in the same run.
-// Prints a table; with an argument, writes JSON lines there (bench/compare_torch.py
-// sets them beside torch_anchor.py's results).
+// Prints a table; with a path, writes JSON lines there (bench/compare_torch.py sets
+// them beside torch_anchor.py's results); --sweep also times the rows workloads at
+// each block size of block-per-row kernels.
 #include <kiln/kiln.hpp>
 
 #include "w4.hpp"
@@ -230,6 +231,12 @@ static void report(const Row& r) {
 }
 
 int main(int argc, char** argv) {
+  bool sweep = false;
+  const char* jsonl = nullptr;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--sweep") sweep = true;
+    else jsonl = argv[i];
+  }
   if (!cu::cuda_available() || cu::cuda_device_count() == 0) {
     std::printf("gpu_bench: no CUDA GPU on this machine; nothing measured\n");
     return 0;
@@ -334,6 +341,46 @@ int main(int argc, char** argv) {
     report({"W8 sum+var_mean f32", time_ms([&] { auto o = eval(both()); }), time_ms([&] { auto o = eval_eager(both()); }),
             bytes + R * 12.0, 0, 0});
   }
+  {  // few long rows: sum over [4, 2^24] f32, split rows (several blocks per row, partials combined)
+    int64_t R = 4, C = int64_t(1) << 24;
+    Tensor<f32, 2> x = randn<f32>(Shape<2>{R, C}, 17);
+    Tensor<f32, 1> s = sum(x, -1);
+    auto xs = x.to_vector(), ss = s.to_vector();
+    std::vector<double> rs(static_cast<size_t>(R), 0.0);
+    for (size_t i = 0; i < xs.size(); ++i) rs[i / size_t(C)] += xs[i];
+    report({"sum f32 [4, 2^24] split", time_ms([&] { Tensor<f32, 1> o = sum(x, -1); }),
+            time_ms([&] { auto o = eval_eager(sum(x, -1)); }), double(R) * C * 4 + R * 4.0, max_rel(ss, rs),
+            kernel_count(Mode::fused, sum(x, -1))});
+  }
+  if (sweep) {  // block size of block-per-row kernels: kiln's choice against each fixed size
+    int64_t C2 = 8192, C3 = 4096;
+    Tensor<f32, 2> x2 = randn<f32>(Shape<2>{8192, C2}, 4), x8 = randn<f32>(Shape<2>{32768, 4096}, 8);
+    Tensor<bf16, 2> x3 = cast<bf16>(randn<f32>(Shape<2>{16384, C3}, 5));
+    Tensor<bf16, 1> w = cast<bf16>(randn<f32>(Shape<1>{C3}, 6)), b = cast<bf16>(randn<f32>(Shape<1>{C3}, 7));
+    std::printf("sweep: %% of copy by block size of block rows (0: kiln's choice)\n%-8s %8s %8s %8s %8s\n", "threads", "W2", "W3",
+                "W8 sum", "W8 vm");
+    for (int t : {0, 128, 256, 512, 1024}) {
+      runtime::gpu_block_rows_threads() = t;
+      auto pct = [&](double bytes, double ms) { return 100.0 * bytes / ms / 1e6 / copy_gbs; };
+      double w2 = pct(2.0 * 8192 * C2 * 4, time_ms([&] { Tensor<f32, 2> o = softmax(x2, -1); }));
+      double w3 = pct(2.0 * 16384 * C3 * 2, time_ms([&] { Tensor<bf16, 2> o = layer_norm(x3, w, b, 1e-5); }));
+      double w8 = pct(32768.0 * 4096 * 4, time_ms([&] { Tensor<f32, 1> o = sum(x8, -1); }));
+      double vm = pct(32768.0 * 4096 * 4, time_ms([&] { auto o = eval(var_mean(x8, -1)); }));
+      std::printf("%-8d %7.1f%% %7.1f%% %7.1f%% %7.1f%%\n", t, w2, w3, w8, vm);
+      std::fflush(stdout);
+    }
+    runtime::gpu_block_rows_threads() = 0;
+    int64_t n = int64_t(1) << 26;
+    Tensor<f32, 1> x = randn<f32>(Shape<1>{n}, 1), a = randn<f32>(Shape<1>{n}, 2), bb = randn<f32>(Shape<1>{n}, 3);
+    std::printf("sweep: W1 %% of copy by the cap on blocks per SM of pointwise kernels (0: kiln's choice, no cap)\n");
+    for (int per_sm : {0, 4, 8, 16, 32}) {
+      runtime::gpu_pointwise_blocks_per_sm() = per_sm;
+      double ms = time_ms([&] { Tensor<f32, 1> o = gelu(x * a + bb) * sigmoid(x); });
+      std::printf("%-8d %7.1f%%\n", per_sm, 100.0 * 4.0 * n * 4 / ms / 1e6 / copy_gbs);
+      std::fflush(stdout);
+    }
+    runtime::gpu_pointwise_blocks_per_sm() = 0;
+  }
   std::string w4_json = w4_step_bench();
   double floor_us = 0, plus_one_us = 0, w7_us = 0, w7_eager_us = 0;
   {  // launch floor (a tiny kernel through the driver) and a compiled x+1 on one element
@@ -358,8 +405,8 @@ int main(int argc, char** argv) {
     std::printf("W7 small MLP f32            fused %.1f us/call  eager %.1f us/call  kernels %zu\n", w7_us, w7_eager_us,
                 kernel_count(Mode::fused, mlp()));
   }
-  if (argc > 1) {
-    std::ofstream out(argv[1]);
+  if (jsonl) {
+    std::ofstream out(jsonl);
     out << "{\"type\":\"ceiling\",\"copy_gbs\":" << copy_gbs << ",\"launch_floor_us\":" << floor_us
         << ",\"compiled_plus_one_us\":" << plus_one_us << "}\n";
     for (const Row& r : rows)

@@ -20,6 +20,7 @@
 //     kiln::cpu(), so the expressions and references are tested everywhere.
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -345,9 +346,8 @@ TEST_CASE("the wavefront size is in the HIP text, and a program for the wrong on
   CHECK(wave64.find("#define KILN_WARP 64\n") != std::string::npos);
   CHECK(wave32.find("#define KILN_WARP 32\n") != std::string::npos);
   // Rows of 1536: a wavefront per row where 64 lanes cover it in 32 steps, a block per row on wave32.
-  const std::string warp_per_row = "(blockDim.x / KILN_WARP) + threadIdx.x / KILN_WARP";
-  CHECK(wave64.find(warp_per_row) != std::string::npos);
-  CHECK(wave32.find(warp_per_row) == std::string::npos);
+  CHECK(wave64.find("= kiln_group_reduce<64>(") != std::string::npos);
+  CHECK(wave32.find("= kiln_group_reduce<") == std::string::npos);
   CHECK(wave32.find("kiln_block_reduce(") != std::string::npos);
   std::string what;
   try {
@@ -363,6 +363,27 @@ TEST_CASE("the wavefront size is in the HIP text, and a program for the wrong on
     what = e.what();
   }
   CHECK(what.find("KILN_WARP differs from the target's wavefront size") != std::string::npos);
+}
+
+TEST_CASE("a device's full target ID loads the code object precompiled for its processor") {
+  if (!jit::hiprtc_available()) {
+    MESSAGE("hipRTC not found: skipped");
+    return;
+  }
+  // A source no earlier run cached: the first compile is a real one.
+  auto x = tensor<f32, 2>({8, 1536}, 1, cpu());
+  std::string src = hip_program(64, softmax(x, -1)) + "\n// " +
+                    std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()) + "\n";
+  auto c0 = kiln::counters();
+  std::string generic = jit::hiprtc_compile(src, "kiln_plan", "gfx90a", {});  // what KILN_PRECOMPILE=gfx90a writes
+  auto c1 = kiln::counters();
+  CHECK(c1.compiles == c0.compiles + 1);
+  // What an MI250's HipDevice asks for: no compile, the processor's entry.
+  std::string device = jit::hiprtc_compile(src, "kiln_plan", "gfx90a:sramecc+:xnack-", {});
+  auto c2 = kiln::counters();
+  CHECK(c2.compiles == c1.compiles);
+  CHECK(c2.disk_hits == c1.disk_hits + 1);
+  CHECK(device == generic);
 }
 
 }  // TEST_SUITE("hiprtc")

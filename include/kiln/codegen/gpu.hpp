@@ -13,11 +13,17 @@
 //   strides  how each slot walks the innermost dim (0, 1, or a run-time value);
 //   vec      V > 0: every slot is contiguous or broadcast along a single
 //            innermost dim and 16-byte aligned: V elements per 16-byte access;
-//   warp_rows  rows kernels: one warp per row (short rows) instead of one block;
-//   persist  rows kernels whose row fits: each thread loads its P chunks once,
+//   group    rows kernels: lanes per row, a power of two up to the warp (short
+//            rows: a warp per row, or several rows per warp); 0: a block per row;
+//   persist  block rows whose row fits: each thread loads its P chunks once,
 //            every pass then reads registers (one read of the input per row);
+//   split    block rows of a one-pass reduction over few long rows: several blocks
+//            per row (gridDim.x / rows of them), each reduces its span, and the
+//            last block of a row to finish combines the partials (a second pass
+//            over a workspace of 8-byte partials and one counter per row).
 //   gemm     matmul kernels: the GEMM config and operand layouts (codegen/gemm.hpp).
 #pragma once
+#include <algorithm>
 #include <string>
 
 #include "kiln/codegen/device_files.hpp"
@@ -31,12 +37,16 @@ enum class GpuDialect : uint8_t { cuda, hip };
 struct GpuVariant {
   std::vector<Stride> strides;
   int vec = 0;
-  bool warp_rows = false;
-  int persist = 0;   // rows: V-chunks per thread kept in registers across passes (the row is read once)
-  int threads = 256; // rows: block size (launch only; persist depends on it)
+  int group = 0;      // rows: lanes per row (1 .. warp); 0: a block per row
+  int persist = 0;    // block rows: V-chunks per thread kept in registers across passes (the row is read once)
+  bool split = false; // block rows: several blocks per row, partials combined by the last one
+  int threads = 256;  // block size; the kernel's launch bounds
   GemmConfig gemm;       // matmul: tile shapes and kind
   GemmOperands gemm_ops; // matmul: which dim of A and B is contiguous
 };
+
+// The workspace words a split-rows kernel's argument struct ends with: partials, counters.
+inline constexpr int kGpuSplitWords = 2;
 
 inline constexpr int kGpuMaxMeta = 2 + kMaxRank + 16 * kMaxRank;
 
@@ -57,10 +67,16 @@ class GpuKernelWriter {
   std::string write() {
     size_t ns = std::max<size_t>(l_.slots.size(), 1), nm = meta_words(g_, k_), nw = std::max(l_.words, 1);
     std::string s = "struct " + name_ + "_args { void* p[" + std::to_string(ns) + "]; int64_t m[" + std::to_string(nm) +
-                    "]; uint64_t a[" + std::to_string(nw) + "]; };\n";
-    int threads = k_.kind == sched::KernelKind::matmul ? v_.gemm.threads() : 1024;
-    s += "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(threads) + ") " + name_ + "(const " + name_ +
-         "_args args) {\n";
+                    "]; uint64_t a[" + std::to_string(nw) + "];" +
+                    (v_.split ? " kiln_u64 ws[" + std::to_string(kGpuSplitWords) + "];" : "") + " };\n";
+    // NOTE: the bounds are the block size the host launches with (it is part of the variant). On
+    // AMD that lifts the default bound of 1024 work-items, which caps each lane's registers as if
+    // 16 wavefronts shared a CU; on NVIDIA the blocks-per-SM hint keeps 1024 threads resident
+    // (GEMM tiles ask for none: their registers are the tile).
+    bool mm = k_.kind == sched::KernelKind::matmul;
+    int threads = mm ? v_.gemm.threads() : v_.threads;
+    s += "extern \"C\" __global__ void KILN_LAUNCH_BOUNDS(" + std::to_string(threads) + ", " +
+         std::to_string(mm ? 1 : std::max(1, 1024 / threads)) + ") " + name_ + "(const " + name_ + "_args args) {\n";
     s += "  void* const* P = args.p; const int64_t* M = args.m; const uint64_t* A = args.a; (void)P; (void)A;\n";
     if (k_.kind == sched::KernelKind::matmul) return s + matmul() + "}\n";
     s += "  const int nd = (int)M[0], no = (int)M[1]; (void)no;\n  const int64_t* sz = M + 2;\n  const int64_t* st = M + 2 + nd;\n";
@@ -217,15 +233,27 @@ class GpuKernelWriter {
     int passes = 0;
     for (int lvl : k_.reduce_level) passes = std::max(passes, lvl + 1);
     std::string s;
+    std::string V = std::to_string(v_.vec ? v_.vec : 1), G = std::to_string(v_.group);
     s += "  int64_t outer = 1, irows = 1;\n  for (int d = 0; d < no; ++d) outer *= sz[d];\n  for (int d = no; d + 1 < nd; ++d) irows *= sz[d];\n";
-    s += "  const int64_t inner = nd > no ? sz[nd - 1] : 1;\n";
-    if (v_.warp_rows)
-      s += "  const int64_t r = (int64_t)blockIdx.x * (blockDim.x / KILN_WARP) + threadIdx.x / KILN_WARP;\n  const int lane = threadIdx.x % KILN_WARP, gsize = KILN_WARP;\n";
+    if (v_.group) {  // G lanes per row; lanes of a row past the last keep to the shuffles, reading nothing
+      s += "  const int64_t r0 = (int64_t)blockIdx.x * (blockDim.x / " + G + ") + threadIdx.x / " + G + ";\n";
+      s += "  const bool live = r0 < outer;\n  const int64_t r = live ? r0 : outer - 1;\n";
+      s += "  const int lane = threadIdx.x % " + G + ", gsize = " + G + ";\n";
+      s += "  if (outer == 0 || (" + G + " == KILN_WARP && !live)) return;\n";
+    } else if (v_.split) {  // gridDim.x / outer blocks per row, each over one span of it
+      s += "  const bool live = true;\n  const int64_t split = (int64_t)gridDim.x / outer, r = blockIdx.x / split, part = blockIdx.x % split;\n";
+      s += "  const int lane = threadIdx.x, gsize = blockDim.x;\n";
+    } else {
+      s += "  const bool live = true;\n  const int64_t r = blockIdx.x;\n  const int lane = threadIdx.x, gsize = blockDim.x;\n";
+      s += "  if (r >= outer) return;\n";
+    }
+    s += "  const int64_t inner = !live ? 0 : nd > no ? sz[nd - 1] : 1;\n";
+    if (v_.split)  // spans of whole V-chunks, so that each starts aligned
+      s += "  const int64_t span = ((irows * inner + split - 1) / split + " + V + " - 1) / " + V + " * " + V +
+           ", lo = part * span, hi = lo + span < irows * inner ? lo + span : irows * inner;\n";
     else
-      s += "  const int64_t r = blockIdx.x;\n  const int lane = threadIdx.x, gsize = blockDim.x;\n";
-    s += "  if (r >= outer) return;\n";
+      s += "  const int64_t lo = 0, hi = irows * inner;\n";
     s += offsets("r", "0", "no", "o", "  ");
-    std::string V = std::to_string(v_.vec ? v_.vec : 1);
     if (v_.persist) {  // load the row once
       s += bases("  ", "o#");
       for (size_t i = 0; i < l_.slots.size(); ++i) {
@@ -243,13 +271,13 @@ class GpuKernelWriter {
         t += "#pragma unroll\n    for (int k = 0; k < " + std::to_string(v_.persist) + "; ++k) {\n";
         t += "      const int64_t j = ((int64_t)lane + (int64_t)k * gsize) * " + V + ";\n";
         t += "      if (j < inner) {\n" + body_vec + "      }\n    }\n";
-      } else if (v_.vec) {  // single inner dim, contiguous, aligned: V-wide steps, scalar tail
+      } else if (v_.vec) {  // single inner dim (hi == inner), contiguous, aligned: V-wide steps, scalar tail
         t += bases("    ", "o#");
-        t += "#pragma unroll 4\n    for (int64_t j = (int64_t)lane * " + V + "; j < inner; j += (int64_t)gsize * " + V + ") {\n";
-        t += "      if (j + " + V + " <= inner) {\n" + body_vec + "      } else {\n";
-        t += "        for (int64_t jj = j; jj < inner; ++jj) {\n          const int64_t j = jj;\n" + body_scalar + "        }\n      }\n    }\n";
+        t += "#pragma unroll 4\n    for (int64_t j = lo + (int64_t)lane * " + V + "; j < hi; j += (int64_t)gsize * " + V + ") {\n";
+        t += "      if (j + " + V + " <= hi) {\n" + body_vec + "      } else {\n";
+        t += "        for (int64_t jj = j; jj < hi; ++jj) {\n          const int64_t j = jj;\n" + body_scalar + "        }\n      }\n    }\n";
       } else {
-        t += "    for (int64_t c = lane; c < irows * inner; c += gsize) {\n";
+        t += "    for (int64_t c = lo + lane; c < hi; c += gsize) {\n";
         t += "      const int64_t ir = irows > 1 ? c / inner : 0, j = c - ir * inner;\n";
         t += offsets("ir", "no", "nd - 1", "i", "      ");
         t += bases("      ", "o# + i#");
@@ -292,20 +320,46 @@ class GpuKernelWriter {
         int id = k_.reduces[i];
         const ir::Node& n = g_.nodes[size_t(id)];
         std::string a = "a" + std::to_string(id);
-        s += "  const " + compute_type(n.dtype) + " r" + std::to_string(id) + " = " +
-             (v_.warp_rows ? "kiln_warp_reduce(" + a + ", " + op_name(n.op) + "())"
-                           : "kiln_block_reduce(" + a + ", " + op_name(n.op) + "(), " + ident(n) + ")") + ";\n";
+        s += "  " + std::string(v_.split ? "" : "const ") + compute_type(n.dtype) + " r" + std::to_string(id) + " = " +
+             (v_.group ? "kiln_group_reduce<" + G + ">(" + a + ", " + op_name(n.op) + "())"
+                       : "kiln_block_reduce(" + a + ", " + op_name(n.op) + "(), " + ident(n) + ")") + ";\n";
         ve.bind(id, "r" + std::to_string(id));
       }
+      if (v_.split) s += combine_split(mine);
     }
     bool any_full = false;
     for (size_t i = 0; i < k_.stores.size(); ++i) any_full |= !k_.row_level_[i];
     auto full = [&](size_t i) { return !k_.row_level_[i]; };
     if (any_full)
       s += "  {\n" + row_loop(element(ve, v_.vec ? "          " : "      ", full, false), v_.vec ? element(ve, "        ", full, true) : "") + "  }\n";
-    s += "  if (lane == 0) {\n" + bases("    ", "o#") + "    const int64_t j = 0; (void)j;\n";
+    s += "  if (lane == 0 && live) {\n" + bases("    ", "o#") + "    const int64_t j = 0; (void)j;\n";
     s += element(ve, "    ", [&](size_t i) { return bool(k_.row_level_[i]); }, false);
     return s + "  }\n";
+  }
+  // Split rows, after the block's own reduction: its partials to the workspace; the last
+  // block of the row to arrive combines all of them, in a fixed order (the same sums on
+  // every run), and resets the row's counter for the next launch; the others are done.
+  std::string combine_split(const std::vector<size_t>& mine) const {
+    std::string nr = std::to_string(mine.size());
+    std::string s = "  kiln_u64* const kiln_part = (kiln_u64*)args.ws[0];\n  unsigned* const kiln_count = (unsigned*)args.ws[1];\n";
+    s += "  __shared__ int kiln_last;\n  if (threadIdx.x == 0) {\n";
+    for (size_t q = 0; q < mine.size(); ++q) {
+      int id = k_.reduces[mine[q]];
+      s += "    *(" + compute_type(g_.nodes[size_t(id)].dtype) + "*)&kiln_part[(r * split + part) * " + nr + " + " + std::to_string(q) +
+           "] = r" + std::to_string(id) + ";\n";
+    }
+    s += "    __threadfence();\n    kiln_last = atomicAdd(kiln_count + r, 1u) == (unsigned)(split - 1);\n  }\n";
+    s += "  __syncthreads();\n  if (!kiln_last) return;\n  __threadfence();\n";
+    for (size_t q = 0; q < mine.size(); ++q) {
+      int id = k_.reduces[mine[q]];
+      const ir::Node& n = g_.nodes[size_t(id)];
+      std::string t = compute_type(n.dtype), a = "c" + std::to_string(id);
+      s += "  {\n    " + t + " " + a + " = " + ident(n) + ";\n";
+      s += "    for (int64_t b = threadIdx.x; b < split; b += blockDim.x) " + a + " = " + op_name(n.op) + "()(" + a +
+           ", *(volatile " + t + "*)&kiln_part[(r * split + b) * " + nr + " + " + std::to_string(q) + "]);\n";
+      s += "    r" + std::to_string(id) + " = kiln_block_reduce(" + a + ", " + op_name(n.op) + "(), " + ident(n) + ");\n  }\n";
+    }
+    return s + "  if (threadIdx.x == 0) kiln_count[r] = 0;\n";
   }
   static std::string op_name(Prim p) { return p == Prim::sum ? "KilnSum" : p == Prim::amax ? "KilnMax" : "KilnMin"; }
   static std::string ident(const ir::Node& n) {

@@ -308,6 +308,18 @@ struct CacheResult {
   bool from_disk = false;
 };
 
+// A verified entry's payload if there is one (counts disk_hits); nothing is built.
+inline bool load_if_cached(const Hash128& key, std::string_view ext, std::string& payload) {
+  std::string file;
+  struct stat st {};
+  std::string_view bytes;
+  std::string why;
+  if (detail::read_file(cache_path(key, ext), file, st) != 0 || !detail::decode_entry(file, bytes, why)) return false;
+  ::kiln::detail::counters_state().disk_hits.fetch_add(1, std::memory_order_relaxed);
+  payload.assign(bytes);
+  return true;
+}
+
 // Disk hit (verified; counts disk_hits) or build() -> write -> counts compiles.
 // build() may throw (e.g. kiln::CompileError); nothing is written then.
 inline CacheResult load_or_build(const Hash128& key, std::string_view ext, const std::function<std::string()>& build,

@@ -519,7 +519,8 @@ inline std::string hiprtc_build(const HiprtcApi& api, const std::string& source,
 }  // namespace detail
 
 // source -> code object for `arch` (e.g. "gfx90a", or a device's full
-// gcnArchName). Disk cache first (counts disk_hits), else hipRTC (counts
+// gcnArchName). Disk cache first (counts disk_hits; for a full target ID its own
+// entry, else the processor's: what KILN_PRECOMPILE wrote), else hipRTC (counts
 // compiles). Throws kiln::Error when hipRTC is missing or does not know `arch`
 // (it would crash), kiln::CompileError with the hipRTC log and the kept source's
 // path when the source does not compile.
@@ -528,6 +529,17 @@ inline std::string hiprtc_compile(const std::string& source, const std::string& 
   const HiprtcApi& api = hiprtc();
   std::vector<std::string> options = hiprtc_options(arch, extra_options);
   Hash128 key = hiprtc_cache_key(source, options);
+  // A device compiles for its full target ID (gfx90a:sramecc+:xnack-); a build machine
+  // (KILN_PRECOMPILE=gfx90a) names the processor alone, whose code object is "any" in
+  // each feature and so loads on every such device: use that entry when the device has
+  // none of its own.
+  if (size_t colon = arch.find(':'); colon != std::string::npos) {
+    std::string code;
+    if (load_if_cached(key, "hsaco", code) ||
+        load_if_cached(hiprtc_cache_key(source, hiprtc_options(arch.substr(0, colon), extra_options)), "hsaco", code)) {
+      if (detail::is_amdgpu_code_object(code)) return code;
+    }
+  }
   std::string name = rtc::safe_file_name(name_hint);
   rtc::dump_source(rtc::file_stem(name, key), ".hip", source);
   CacheResult entry = load_or_build(

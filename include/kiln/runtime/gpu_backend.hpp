@@ -27,6 +27,7 @@
 // mirror each other name for name so that this holds without adapters.
 #pragma once
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -84,9 +85,52 @@ inline codegen::GemmProblem gemm_problem(const ir::Graph& g, const sched::Kernel
   return p;
 }
 
+// Tuning override: the block size of block-per-row kernels (0: kiln's choice). A
+// benchmark sweeps it; each size is its own compiled variant.
+inline std::atomic<int>& gpu_block_rows_threads() {
+  static std::atomic<int> threads{0};
+  return threads;
+}
+
+// Tuning override: at most this many blocks per multiprocessor in pointwise kernels'
+// grid-stride loop (0: kiln's choice, no cap: a thread per V-chunk, the loop runs once;
+// on an H200 that reached 100.5% of copy on W1 where 16 blocks per SM reached 94.2%).
+// Benchmarks sweep it.
+inline std::atomic<int>& gpu_pointwise_blocks_per_sm() {
+  static std::atomic<int> blocks{0};
+  return blocks;
+}
+
+// Rows kernels: how many rows, and how many elements each reduces.
+inline std::pair<int64_t, int64_t> rows_extent(const KernelArgs& a) {
+  int nd = int(a.meta[0]), no = int(a.meta[1]);
+  int64_t outer = 1, per_row = 1;
+  for (int d = 0; d < no; ++d) outer *= a.meta[size_t(2 + d)];
+  for (int d = no; d < nd; ++d) per_row *= a.meta[size_t(2 + d)];
+  return {outer, per_row};
+}
+
+// Blocks per row of a split-rows kernel: enough blocks for about four per multiprocessor,
+// none with less than about four V-chunks per thread. 1: not worth splitting.
+inline int64_t gpu_split_count(int64_t outer, int64_t per_row, int threads, int vec, int sm_count) {
+  if (outer == 0) return 1;
+  int64_t want = (int64_t(4) * sm_count + outer - 1) / outer;
+  int64_t most = per_row / (int64_t(threads) * std::max(vec, 1) * 4);
+  return std::max<int64_t>(1, std::min(want, most));
+}
+
+// A rows kernel that reduces in one pass and stores only per-row values (sum, amax,
+// mean): its rows can be split across blocks and the partials combined.
+inline bool one_pass_rows(const sched::Kernel& k) {
+  bool one = k.kind == sched::KernelKind::rows;
+  for (int lvl : k.reduce_level) one &= lvl == 0;
+  for (size_t i = 0; i < k.stores.size(); ++i) one &= bool(k.row_level_[i]);
+  return one;
+}
+
 // Variant of one kernel for this call, for a device of `warp` lanes per warp
 // (wavefront), of NVIDIA compute capability `arch` (0: another vendor) with
-// `sm_count` multiprocessors.
+// `sm_count` multiprocessors (compute units).
 inline codegen::GpuVariant gpu_variant(const ir::Graph& g, const sched::Kernel& k, const codegen::Layout& l,
                                        const KernelArgs& a, int warp, int arch = 0, int sm_count = 1) {
   codegen::GpuVariant v;
@@ -114,16 +158,27 @@ inline codegen::GpuVariant gpu_variant(const ir::Graph& g, const sched::Kernel& 
   }
   if (flat && any_unit) v.vec = int(16 / min_bytes);
   if (k.kind == sched::KernelKind::rows) {
-    int64_t per_row = 1;
-    for (int d = no; d < nd; ++d) per_row *= a.meta[size_t(2 + d)];
-    v.warp_rows = per_row <= int64_t(warp) * 32;
-    // Block rows: about four V-chunks per thread; a row that fits stays in registers.
+    auto [outer, per_row] = rows_extent(a);
     int64_t chunks = (per_row + std::max(v.vec, 1) - 1) / std::max(v.vec, 1);
+    if (per_row <= int64_t(warp) * 32) {
+      // Short rows: lanes for about four V-chunks each, a warp at most (several rows per warp).
+      int g_lanes = 1;
+      while (g_lanes < warp && int64_t(g_lanes) * 4 < chunks) g_lanes *= 2;
+      v.group = g_lanes;
+      v.threads = 256;
+      return v;
+    }
+    // Long rows, a block each: about four V-chunks per thread; a row that fits stays in registers.
     int t = 64;
     while (t < 1024 && int64_t(t) * 4 < chunks) t *= 2;
+    if (int forced = gpu_block_rows_threads().load(std::memory_order_relaxed); forced > 0) t = forced;
     v.threads = t;
     int64_t p = (chunks + t - 1) / t;
-    if (!v.warp_rows && v.vec && per_row % v.vec == 0 && p <= 8) v.persist = int(p);
+    if (v.vec && per_row % v.vec == 0 && p <= 8) v.persist = int(p);
+    // Few long rows of a one-pass reduction: several blocks per row.
+    if (one_pass_rows(k) && gpu_split_count(outer, per_row, 256, v.vec, sm_count) > 1) {
+      v.split = true, v.persist = 0, v.threads = 256;
+    }
   }
   return v;
 }
@@ -143,40 +198,39 @@ inline GpuLaunch gpu_launch_shape(const sched::Kernel& k, const KernelArgs& a, c
     L.shared_bytes = unsigned(codegen::gemm_shared_bytes(c, v.gemm_ops));
     return L;
   }
-  int nd = int(a.meta[0]), no = int(a.meta[1]);
+  int nd = int(a.meta[0]);
   if (k.kind == sched::KernelKind::rows) {
-    int64_t outer = 1, per_row = 1;
-    for (int d = 0; d < no; ++d) outer *= a.meta[size_t(2 + d)];
-    for (int d = no; d < nd; ++d) per_row *= a.meta[size_t(2 + d)];
-    if (v.warp_rows) {
-      L.block = {256, 1, 1};
-      L.grid = {unsigned((outer + 256 / warp - 1) / (256 / warp)), 1, 1};
-    } else {
-      L.block = {unsigned(v.threads), 1, 1};
-      L.grid = {unsigned(outer), 1, 1};
-    }
+    (void)warp;
+    auto [outer, per_row] = rows_extent(a);
+    L.block = {unsigned(v.threads), 1, 1};
+    if (v.group) L.grid = {unsigned((outer + v.threads / v.group - 1) / (v.threads / v.group)), 1, 1};
+    else if (v.split) L.grid = {unsigned(outer * gpu_split_count(outer, per_row, v.threads, v.vec, sm_count)), 1, 1};
+    else L.grid = {unsigned(outer), 1, 1};
     return L;
   }
   int64_t n = 1;
   for (int d = 0; d < nd; ++d) n *= a.meta[size_t(2 + d)];
   int64_t per_thread = std::max(v.vec, 1);
   int64_t blocks = (n + 256 * per_thread - 1) / (256 * per_thread);
+  int per_sm = gpu_pointwise_blocks_per_sm().load(std::memory_order_relaxed);
+  int64_t most = per_sm > 0 ? int64_t(sm_count) * per_sm : int64_t(INT32_MAX);
   L.block = {256, 1, 1};
-  L.grid = {unsigned(std::max<int64_t>(1, std::min<int64_t>(blocks, int64_t(sm_count) * 16))), 1, 1};
+  L.grid = {unsigned(std::max<int64_t>(1, std::min<int64_t>(blocks, most))), 1, 1};
   return L;
 }
 
-// The kernel's argument struct, byte for byte: p[slots], m[meta], a[words].
-inline std::vector<uint64_t> gpu_arg_block(const ir::Graph& g, const sched::Kernel& k, const codegen::Layout& l,
-                                           const KernelArgs& a) {
+// The kernel's argument struct, byte for byte: p[slots], m[meta], a[words], and for
+// split rows the workspace (partials, counters), into `block`.
+inline void gpu_arg_block(const ir::Graph& g, const sched::Kernel& k, const codegen::Layout& l, const KernelArgs& a,
+                          const codegen::GpuVariant& v, const uint64_t* workspace, std::vector<uint64_t>& block) {
   size_t ns = std::max<size_t>(l.slots.size(), 1), nm = codegen::GpuKernelWriter::meta_words(g, k),
          nw = size_t(std::max(l.words, 1));
-  std::vector<uint64_t> block(ns + nm + nw, 0);
+  block.assign(ns + nm + nw + (v.split ? codegen::kGpuSplitWords : 0), 0);
   for (size_t i = 0; i < a.ptrs.size(); ++i) block[i] = reinterpret_cast<uint64_t>(a.ptrs[i]);
   if (a.meta.size() > nm) throw Error("kiln: internal error: kernel metadata exceeds its argument block");
   for (size_t i = 0; i < a.meta.size(); ++i) block[ns + i] = uint64_t(a.meta[i]);
   for (size_t i = 0; i < a.words.size(); ++i) block[ns + nm + i] = a.words[i];
-  return block;
+  if (v.split) std::copy(workspace, workspace + codegen::kGpuSplitWords, block.begin() + ptrdiff_t(ns + nm + nw));
 }
 
 inline std::string describe_kernel(const ir::Graph& g, const sched::Kernel& k) {
@@ -184,6 +238,15 @@ inline std::string describe_kernel(const ir::Graph& g, const sched::Kernel& k) {
   static const char* kinds[] = {"pointwise", "rows", "matmul"};
   return std::string(kinds[int(k.kind)]) + " over " + format_shape(std::span(d.shape.data(), size_t(d.rank)));
 }
+// The same, made only when an error message needs it (not on every launch).
+struct KernelDescription {
+  const ir::Graph* g;
+  const sched::Kernel* k;
+  static std::string text(const void* self) {
+    auto* d = static_cast<const KernelDescription*>(self);
+    return describe_kernel(*d->g, *d->k);
+  }
+};
 
 // One call of a plan on a GPU: each kernel's bound arguments and variant, and
 // the key of the variant set (which program of the plan this call needs).
@@ -197,11 +260,11 @@ struct GpuCall {
 inline Hash128 variant_key(const std::vector<codegen::GpuVariant>& vars) {
   Hasher vh;
   for (const codegen::GpuVariant& v : vars) {
-    for (auto s : v.strides) vh.add(s);
-    vh.add(v.vec).add(v.warp_rows).add(v.persist);
+    if (!v.strides.empty()) vh.add(v.strides.data(), v.strides.size());
     const codegen::GemmConfig& gc = v.gemm;
-    vh.add(int(gc.kind)).add(gc.bm).add(gc.bn).add(gc.bk).add(gc.wm).add(gc.wn).add(gc.stages);
-    vh.add(v.gemm_ops.a_k_major).add(v.gemm_ops.b_k_major);
+    int32_t w[14] = {v.vec, v.group, v.persist, v.split, v.threads, int(gc.kind), gc.bm, gc.bn, gc.bk, gc.wm, gc.wn, gc.stages,
+                     v.gemm_ops.a_k_major, v.gemm_ops.b_k_major};
+    vh.add(w, sizeof w);
   }
   return vh.digest();
 }
@@ -209,6 +272,8 @@ inline Hash128 variant_key(const std::vector<codegen::GpuVariant>& vars) {
 inline GpuCall gpu_call(const ir::Graph& g, const CompiledPlan& cp, const Bound& b, int warp, int arch = 0, int sm_count = 1) {
   const auto& kernels = cp.plan.kernels;
   GpuCall c;
+  c.args.reserve(kernels.size());
+  c.vars.reserve(kernels.size());
   for (size_t k = 0; k < kernels.size(); ++k) {
     c.args.push_back(bind_kernel(g, kernels[k], cp.layouts[k], b));
     c.vars.push_back(gpu_variant(g, kernels[k], cp.layouts[k], c.args.back(), warp, arch, sm_count));
@@ -243,18 +308,23 @@ class GpuBackend final : public Backend {
     GpuCall call = gpu_call(g, cp, b, props.warp_size, arch, props.sm_count);
     std::vector<uint8_t> by_library(kernels.size(), 0);
     if (cp.mode == Mode::max_autotune) tune_matmuls(g, cp, call, by_library, dev, arch);
-    auto fns = functions(g, cp, call.key, call.vars, dev);
+    const std::vector<Function>& fns = functions(g, cp, call.key, call.vars, dev);
+    std::vector<uint64_t> block;
     for (size_t k = 0; k < kernels.size(); ++k) {
       if (call.args[k].work == 0) continue;
       if (by_library[k] && Api::library_gemm(g, kernels[k], cp.layouts[k], call.args[k], dev)) {
         kiln::detail::counters_state().kernels_launched.fetch_add(1, std::memory_order_relaxed);
         continue;
       }
-      auto block = gpu_arg_block(g, kernels[k], cp.layouts[k], call.args[k]);
+      const codegen::GpuVariant& v = call.vars[k];
+      GpuLaunch L = gpu_launch_shape(kernels[k], call.args[k], v, props.sm_count, props.warp_size);
+      uint64_t ws[codegen::kGpuSplitWords] = {};
+      if (v.split) split_workspace(dev, L.grid.x, cp.layouts[k], kernels[k], ws);
+      gpu_arg_block(g, kernels[k], cp.layouts[k], call.args[k], v, ws, block);
       void* params[] = {block.data()};
-      GpuLaunch L = gpu_launch_shape(kernels[k], call.args[k], call.vars[k], props.sm_count, props.warp_size);
+      KernelDescription describe{&g, &kernels[k]};
       fns[k].launch({L.grid.x, L.grid.y, L.grid.z}, {L.block.x, L.block.y, L.block.z}, L.shared_bytes, params,
-                    describe_kernel(g, kernels[k]), dev.stream());
+                    LazyText{&KernelDescription::text, &describe}, dev.stream());
     }
   }
 
@@ -266,16 +336,17 @@ class GpuBackend final : public Backend {
   }
 
  private:
-  std::vector<Function> functions(const ir::Graph& g, CompiledPlan& cp, const Hash128& key,
-                                  const std::vector<codegen::GpuVariant>& vars, Device& dev) {
+  // The loaded kernels of this plan variant on this device. NOTE: a reference into the map
+  // (its nodes never move, entries are never erased): a hit copies nothing.
+  const std::vector<Function>& functions(const ir::Graph& g, CompiledPlan& cp, const Hash128& key,
+                                         const std::vector<codegen::GpuVariant>& vars, Device& dev) {
     std::lock_guard lock(mu_);
     Hash128 full = Hasher().add(key).add(reinterpret_cast<uintptr_t>(&cp)).add(dev.ordinal()).digest();
     if (auto it = cache_.find(full); it != cache_.end()) return it->second;
     auto& m = dev.load_module(source(g, cp.plan, vars, dev.properties().warp_size), {}, "kiln_plan");
     std::vector<Function> fns;
     for (size_t k = 0; k < cp.plan.kernels.size(); ++k) fns.push_back(m.function("kiln_k" + std::to_string(k)));
-    cache_.emplace(full, fns);
-    return fns;
+    return cache_.emplace(full, std::move(fns)).first->second;
   }
   // max-autotune: each matmul kernel's GEMM config, or the vendor library
   // (Api::library_gemm), from the tuning database; on a miss every candidate is
@@ -305,7 +376,8 @@ class GpuBackend final : public Backend {
         one.kernels = {kernels[k]};
         one.kernels[0].deps.clear();
         Function f = dev.load_module(source(g, one, {v}, props.warp_size), {}, "kiln_tune").function("kiln_k0");
-        auto block = gpu_arg_block(g, kernels[k], cp.layouts[k], call.args[k]);
+        std::vector<uint64_t> block;
+        gpu_arg_block(g, kernels[k], cp.layouts[k], call.args[k], v, nullptr, block);
         void* params[] = {block.data()};
         GpuLaunch L = gpu_launch_shape(kernels[k], call.args[k], v, props.sm_count, props.warp_size);
         return time_us(dev, [&] {
@@ -331,8 +403,31 @@ class GpuBackend final : public Backend {
     return double(t.elapsed_ms()) * 1000.0 / kRuns;
   }
 
+  // Split rows: room for `blocks` partials of each of the kernel's reductions and a zeroed
+  // counter per row, on the device; grown (never shrunk) as calls need. The kernels leave
+  // the counters at zero again. NOTE: launches on the device's one stream run in order, so
+  // calls share the workspace; a grown one is zeroed in that stream's order too.
+  void split_workspace(Device& dev, unsigned blocks, const codegen::Layout&, const sched::Kernel& k, uint64_t* ws) {
+    std::lock_guard lock(mu_);
+    Workspace& w = workspaces_[dev.ordinal()];
+    size_t part = size_t(blocks) * std::max<size_t>(k.reduces.size(), 1) * 8, count = size_t(blocks) * 4;
+    kiln::Device where{Api::kind, dev.ordinal()};
+    if (!w.partials || w.partials->bytes() < part) w.partials = std::make_unique<Storage>(part, where);
+    if (!w.counters || w.counters->bytes() < count) {
+      w.counters = std::make_unique<Storage>(count, where);
+      std::vector<char> zeros(count, 0);
+      copy_bytes(w.counters->data(), where, zeros.data(), kiln::cpu(), count);
+    }
+    ws[0] = reinterpret_cast<uint64_t>(w.partials->data());
+    ws[1] = reinterpret_cast<uint64_t>(w.counters->data());
+  }
+  struct Workspace {
+    std::unique_ptr<Storage> partials, counters;
+  };
+
   std::mutex mu_;
   std::unordered_map<Hash128, std::vector<Function>, Hash128Hasher> cache_;
+  std::unordered_map<int, Workspace> workspaces_;
 };
 
 namespace detail {

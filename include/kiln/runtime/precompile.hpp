@@ -45,17 +45,27 @@ inline void precompile(const ir::Graph& g, const CompiledPlan& cp, const std::ve
       log(LogTopic::jit, "precompile: skipping " + t + " (NVRTC missing)");
       continue;
     }
-    // The variant this call would pick, and for rows kernels the other group size too.
-    for (int pass = 0; pass < 2; ++pass) {
+    // The variant this call would pick; for rows kernels also the other strategy (a block
+    // per row for short rows, a warp per row for long ones), and split rows where the
+    // kernel is a one-pass reduction: what another size of the same plan would pick.
+    for (int pass = 0; pass < 3; ++pass) {
       std::vector<codegen::GpuVariant> vars;
-      bool has_rows = false;
+      bool changed = false;
       for (size_t k = 0; k < cp.plan.kernels.size(); ++k) {
-        // NOTE: an NVIDIA target gets its tensor-core GEMMs; 132 SMs (an H100/H200) for the config choice.
-        vars.push_back(gpu_variant(g, cp.plan.kernels[k], cp.layouts[k], args[k], warp, amd ? 0 : std::stoi(t.substr(3)), 132));
-        if (cp.plan.kernels[k].kind == sched::KernelKind::rows && pass == 1) vars.back().warp_rows ^= true, vars.back().persist = 0;
-        has_rows |= cp.plan.kernels[k].kind == sched::KernelKind::rows;
+        const sched::Kernel& kernel = cp.plan.kernels[k];
+        // NOTE: an NVIDIA target gets its tensor-core GEMMs; 132 SMs (an H100/H200) for the config and split choices.
+        vars.push_back(gpu_variant(g, kernel, cp.layouts[k], args[k], warp, amd ? 0 : std::stoi(t.substr(3)), 132));
+        codegen::GpuVariant& v = vars.back();
+        if (kernel.kind != sched::KernelKind::rows || pass == 0) continue;
+        if (pass == 1) {
+          v.group = v.group ? 0 : warp, v.persist = 0, v.split = false, v.threads = 256;
+          changed = true;
+        } else if (one_pass_rows(kernel) && !v.split) {
+          v.group = 0, v.persist = 0, v.split = true, v.threads = 256;
+          changed = true;
+        }
       }
-      if (pass == 1 && !has_rows) break;
+      if (!changed) continue;
       auto dialect = amd ? codegen::GpuDialect::hip : codegen::GpuDialect::cuda;
       std::string src = codegen::gpu_source(dialect, warp, g, cp.plan, vars);
       if (amd) {

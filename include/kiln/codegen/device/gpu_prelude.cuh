@@ -22,6 +22,14 @@ typedef unsigned int uint32_t;
 typedef unsigned short uint16_t;
 #endif
 #define KILN_FN __device__ __forceinline__
+// The block size a kernel is launched with, and on CUDA the blocks per multiprocessor to
+// leave room for (at least 1024 threads: at most 64 registers a thread). HIP's second
+// argument means minimum waves per execution unit instead: there the block size alone.
+#ifdef KILN_HIP
+#define KILN_LAUNCH_BOUNDS(threads, blocks) __launch_bounds__(threads)
+#else
+#define KILN_LAUNCH_BOUNDS(threads, blocks) __launch_bounds__(threads, blocks)
+#endif
 #ifndef INFINITY
 #define INFINITY (__int_as_float(0x7f800000))
 #endif
@@ -125,11 +133,13 @@ template <class T> KILN_FN T kiln_shfl_xor(T v, int o) {
   return __shfl_xor_sync(0xffffffffu, v, o, KILN_WARP);
 #endif
 }
-template <class T, class Op> KILN_FN T kiln_warp_reduce(T v, Op op) {
+// Across each aligned group of G lanes (G a power of two up to the warp): several short rows per warp.
+template <int G, class T, class Op> KILN_FN T kiln_group_reduce(T v, Op op) {
 #pragma unroll
-  for (int o = KILN_WARP / 2; o > 0; o >>= 1) v = op(v, kiln_shfl_xor(v, o));
+  for (int o = G / 2; o > 0; o >>= 1) v = op(v, kiln_shfl_xor(v, o));
   return v;
 }
+template <class T, class Op> KILN_FN T kiln_warp_reduce(T v, Op op) { return kiln_group_reduce<KILN_WARP>(v, op); }
 template <class T, class Op> KILN_FN T kiln_block_reduce(T v, Op op, T identity) {
   __shared__ kiln_u64 smem[1024 / KILN_WARP + 1];
   T* s = (T*)smem;
