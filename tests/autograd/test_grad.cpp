@@ -30,16 +30,24 @@ void compare_fd(const std::string& what, int which, const Tensor<f64, R>& x, con
                 const std::function<double()>& loss_now, double scale) {
   Array got = read(g);
   REQUIRE(got.shape == dims(x.sizes()));
-  double* p = x.host_data();
+  // x's values are perturbed in a host copy (x itself on the CPU), then sent to x's device.
+  Tensor<f64, R> host = on_host(x);
+  double* p = host.host_data();
+  auto send = [&] {
+    if (x.device() != cpu()) copy_bytes(x.storage()->data(), x.device(), host.storage()->data(), cpu(), x.storage()->bytes());
+  };
   int bad = 0;
   for_each_index(dims(x.sizes()), [&](const Dims& idx, int64_t lin) {
     double& v = p[storage_offset(x, idx)];
     double keep = v;
     v = keep + kEps;
+    send();
     double up = loss_now();
     v = keep - kEps;
+    send();
     double down = loss_now();
     v = keep;
+    send();
     double fd = (up - down) / (2 * kEps), an = got.v[size_t(lin)];
     if (!(std::fabs(fd - an) <= kAtol * scale + kRtol * std::fabs(fd)) && bad++ < 3)
       FAIL_CHECK(what << ": d/d input " << which << str(idx) << ": kiln " << fmt(an) << ", finite difference " << fmt(fd)
