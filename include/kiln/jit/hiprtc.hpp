@@ -533,12 +533,12 @@ inline std::string hiprtc_compile(const std::string& source, const std::string& 
   // (KILN_PRECOMPILE=gfx90a) names the processor alone, whose code object is "any" in
   // each feature and so loads on every such device: use that entry when the device has
   // none of its own.
+  std::string code;
   if (size_t colon = arch.find(':'); colon != std::string::npos) {
-    std::string code;
-    if (load_if_cached(key, "hsaco", code) ||
-        load_if_cached(hiprtc_cache_key(source, hiprtc_options(arch.substr(0, colon), extra_options)), "hsaco", code)) {
-      if (detail::is_amdgpu_code_object(code)) return code;
-    }
+    if ((load_if_cached(key, "hsaco", code) ||
+         load_if_cached(hiprtc_cache_key(source, hiprtc_options(arch.substr(0, colon), extra_options)), "hsaco", code)) &&
+        detail::is_amdgpu_code_object(code))
+      return code;
   }
   std::string name = rtc::safe_file_name(name_hint);
   rtc::dump_source(rtc::file_stem(name, key), ".hip", source);
@@ -549,7 +549,8 @@ inline std::string hiprtc_compile(const std::string& source, const std::string& 
     // The cache verified the bytes it wrote; not a code object means another writer's bug.
     throw Error("kiln: cached code object " + entry.path + " is not an AMDGPU ELF; delete it");
   }
-  return std::move(entry.payload);
+  code = std::move(entry.payload);
+  return code;
 }
 
 }  // namespace kiln::jit

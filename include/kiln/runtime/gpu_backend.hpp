@@ -319,7 +319,7 @@ class GpuBackend final : public Backend {
       const codegen::GpuVariant& v = call.vars[k];
       GpuLaunch L = gpu_launch_shape(kernels[k], call.args[k], v, props.sm_count, props.warp_size);
       uint64_t ws[codegen::kGpuSplitWords] = {};
-      if (v.split) split_workspace(dev, L.grid.x, cp.layouts[k], kernels[k], ws);
+      if (v.split) split_workspace(dev, L.grid.x, kernels[k], ws);
       gpu_arg_block(g, kernels[k], cp.layouts[k], call.args[k], v, ws, block);
       void* params[] = {block.data()};
       KernelDescription describe{&g, &kernels[k]};
@@ -407,7 +407,7 @@ class GpuBackend final : public Backend {
   // counter per row, on the device; grown (never shrunk) as calls need. The kernels leave
   // the counters at zero again. NOTE: launches on the device's one stream run in order, so
   // calls share the workspace; a grown one is zeroed in that stream's order too.
-  void split_workspace(Device& dev, unsigned blocks, const codegen::Layout&, const sched::Kernel& k, uint64_t* ws) {
+  void split_workspace(Device& dev, unsigned blocks, const sched::Kernel& k, uint64_t* ws) {
     std::lock_guard lock(mu_);
     Workspace& w = workspaces_[dev.ordinal()];
     size_t part = size_t(blocks) * std::max<size_t>(k.reduces.size(), 1) * 8, count = size_t(blocks) * 4;
