@@ -251,8 +251,8 @@ int main(int argc, char** argv) {
   // KILN_BENCH_ONLY=w4: the W4 training step alone.
   std::string w4_only = !all && std::string(only) == "w4" ? w4_step_bench() : "";
   if (!all) {
-    if (argc > 1) {
-      std::ofstream out(argv[1]);
+    if (jsonl) {
+      std::ofstream out(jsonl);
       write_gemm_rows(out);
       out << w4_only;
     }
