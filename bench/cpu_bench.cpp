@@ -620,6 +620,8 @@ GemmRow bench_gemm(const GemmCase& c, const Options& o, Flusher& flush) {
   go.reps = std::max(5, o.reps / 3);
   measure(v, Outs{ref}, tol, go, flush);
   return {c, std::move(v), tol};
+}
+
 // ---- W4: MLP training step (forward + backward), bf16, at reduced width ----
 // x [512, 256], W1 [256, 1024], W2 [1024, 256]: the full-size step's shape ratios at
 // 1/16 of the width (1/256 of its flops). Checked against float64 loops over every row.
