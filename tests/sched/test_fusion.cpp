@@ -86,6 +86,7 @@ TEST_CASE("a compiled function called at ten sizes compiles once") {
   });
   // No size-1 dims: a size-1 dim is structure (it broadcasts), so it would be a new plan.
   const Shape<2> sizes[] = {{2, 3}, {5, 7}, {37, 129}, {100, 3}, {3, 100}, {64, 64}, {17, 1000}, {1000, 17}, {2, 2}, {9, 8193}};
+  const bool on_cpu = kiln::default_device() == kiln::cpu();
   Counters start = counters();
   size_t launches_per_call = 0;
   for (size_t i = 0; i < std::size(sizes); ++i) {
@@ -102,13 +103,16 @@ TEST_CASE("a compiled function called at ten sizes compiles once") {
       CHECK(lookups <= 1);  // compiled, or found on disk / in memory: once
       launches_per_call = after.kernels_launched - before.kernels_launched;
     } else {
-      CHECK(lookups == 0);  // a cache hit in the plan itself
+      CHECK(after.plans_built == before.plans_built);  // sizes are values: the plan is reused
+      // The CPU module serves every size: a hit in the plan itself. A GPU picks a variant per
+      // size (vector width, rows strategy), each compiled once (bounded below).
+      if (on_cpu) CHECK(lookups == 0);
       CHECK(after.kernels_launched - before.kernels_launched == launches_per_call);
     }
     Array g = ref::zip(ref::map(x.a, [](double v) { return ref::gelu(v); }), w.a, [](double p, double q) { return p * q; });
     check_close(y, ref::softmax(g, 1), {1e-5, 1e-6}, "compiled softmax(gelu(x) * w) at " + str(dims(s)));
   }
-  CHECK(counters().compiles - start.compiles <= 1);
+  CHECK(counters().compiles - start.compiles <= (on_cpu ? 1u : 6u));
 }
 
 // ---- eager and fused agree (and both match the reference) ----

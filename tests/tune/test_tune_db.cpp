@@ -185,7 +185,10 @@ TEST_CASE("max-autotune on the CPU: the heuristic, the fused plan, the same numb
   KILN_TEST_RNG(rng);
   auto x = input<f32, 2>(rng, {37, 19}), w = input<f32, 2>(rng, {19, 45});
   auto b = input<f32, 1>(rng, {45});
-  auto e = kiln::gelu(kiln::matmul(x.t, w.t) + b.t);
+  // CPU tensors also where the default device is a GPU (gpu-foundation): this is the CPU's case
+  auto xc = x.t.to(kiln::cpu()), wc = w.t.to(kiln::cpu());
+  auto bc = b.t.to(kiln::cpu());
+  auto e = kiln::gelu(kiln::matmul(xc, wc) + bc);
   CHECK(kernel_count(Mode::max_autotune, e) == 1);
   Counters c0 = counters();
   auto tuned = kiln::evaluate(Mode::max_autotune, e);

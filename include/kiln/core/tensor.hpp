@@ -236,8 +236,17 @@ class Tensor {
       }
     }
   }
+  // A contiguous host copy. A device view first comes over whole: the span of storage its
+  // elements cover (a view's strides are never negative), then it is gathered on the host.
   Tensor contiguous_host() const {
-    if (device() != cpu()) throw Error("kiln: to: non-contiguous device tensors are copied with kiln::contiguous first");
+    if (device() != cpu()) {
+      if (numel() == 0) return empty(sizes_, cpu());
+      int64_t span = 1;
+      for (int i = 0; i < R; ++i) span += (sizes_[i] - 1) * strides_[i];
+      auto st = std::make_shared<Storage>(size_t(span) * sizeof(storage_type), cpu());
+      copy_bytes(st->data(), cpu(), data_ptr(), device(), size_t(span) * sizeof(storage_type));
+      return Tensor(std::move(st), 0, sizes_, strides_).contiguous_host();
+    }
     Tensor out = empty(sizes_, cpu());
     storage_type* dst = out.host_data();
     const storage_type* src = host_data();

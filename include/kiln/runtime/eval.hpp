@@ -265,9 +265,20 @@ void copy_into(const Tensor<DT, R>& dst, const Tensor<DT, R>& src) {
     copy_bytes(dst.data_ptr(), dst.device(), src.data_ptr(), src.device(), size_t(dst.numel()) * sizeof(S));
     return;
   }
-  if (dst.device() != cpu()) throw Error("kiln: copy_into: a non-contiguous destination off the CPU");
-  Tensor<DT, R> s = src.device() == cpu() ? src : src.to(cpu());
   if (dst.numel() == 0) return;
+  if (dst.device() != cpu()) {
+    // A strided device view: the storage span it covers comes over, takes the values, goes back
+    // (the span's other elements travel unchanged). Slow, but only strided device destinations pay.
+    int64_t span = 1;
+    for (int i = 0; i < R; ++i) span += (dst.sizes()[size_t(i)] - 1) * dst.strides()[size_t(i)];
+    const size_t bytes = size_t(span) * sizeof(S);
+    Tensor<DT, R> host(std::make_shared<Storage>(bytes, cpu()), 0, dst.sizes(), dst.strides());
+    copy_bytes(host.data_ptr(), cpu(), dst.data_ptr(), dst.device(), bytes);
+    copy_into(host, src);
+    copy_bytes(dst.data_ptr(), dst.device(), host.data_ptr(), cpu(), bytes);
+    return;
+  }
+  Tensor<DT, R> s = src.device() == cpu() ? src : src.to(cpu());
   std::array<int64_t, size_t(R)> idx{};
   S* d = static_cast<S*>(dst.data_ptr());
   const S* p = static_cast<const S*>(s.data_ptr());
