@@ -577,7 +577,7 @@ GemmRow bench_gemm(const GemmCase& c, const Options& o, Flusher& flush) {
   const int lda = int(c.ta ? M : K), ldb = int(c.tb ? K : N);
   const bool epi = c.epilogue;
   // Twice: into one C for all calls, and into a new C per call (the previous one freed
-  // after), as kiln's compiled call allocates its output (CPU allocations: aligned_alloc).
+  // after): what a caller that allocates its output without a cache pays (page faults).
   auto add_blas = [&]<class E>(E, std::string name, auto gemm) {
     for (bool fresh : {false, true}) {
       auto kept = std::make_shared<std::vector<E>>(size_t(M * N));

@@ -112,3 +112,18 @@ TEST_CASE("out of memory gives the cache back after the device is idle, then ret
   alloc.empty_cache();
   CHECK(dev.live.empty());
 }
+
+TEST_CASE("a release beyond the cache limit frees the block (the host allocator's bound)") {
+  FakeDevice dev{1 << 20};
+  kiln::CachingAllocator<FakeBackend> alloc(FakeBackend{&dev}, 3000);
+  uint64_t a = alloc.allocate(2048), b = alloc.allocate(1024), c = alloc.allocate(1024);
+  alloc.release(a);  // 2048 cached
+  alloc.release(b);  // 3072 would pass the limit: freed
+  CHECK(alloc.stats().bytes_cached == 2048);
+  CHECK(alloc.stats().device_frees == 1);
+  CHECK(dev.live.count(b) == 0);
+  alloc.release(c);  // the same: freed, never cached
+  CHECK(alloc.stats().device_frees == 2);
+  CHECK(alloc.allocate(2000) == a);  // the cached one is still reused
+  CHECK(alloc.stats().reuses == 1);
+}

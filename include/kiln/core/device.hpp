@@ -2,8 +2,9 @@
 // SPDX-License-Identifier: Apache-2.0
 //
 // Devices and storage. Takes a device and a byte count; gives owned memory on that
-// device through the backend registered for its kind (cpu here; cuda and hip
-// register themselves from runtime/), and copies between devices.
+// device through the backend registered for its kind (cpu here, through the host's
+// caching allocator; cuda and hip register themselves from runtime/), and copies
+// between devices.
 #pragma once
 #include <cstdlib>
 #include <cstring>
@@ -11,6 +12,7 @@
 #include <string>
 
 #include "kiln/core/error.hpp"
+#include "kiln/runtime/caching_allocator.hpp"
 
 namespace kiln {
 
@@ -36,12 +38,14 @@ struct MemoryHooks {
   void (*release)(void* p, size_t bytes, int index) = nullptr;
   // dst and src on (possibly different) devices; one side is this device, the other cpu or this.
   void (*copy)(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes) = nullptr;
+  void (*empty_cache)() = nullptr;  // cached blocks of every device of this kind back to the system
 };
 
 namespace detail {
-// KILN_POISON=1 (read once; tests may also set the flag directly): every new CPU
-// allocation (and GPU allocation, runtime/gpu_backend.hpp) is filled with 0xFF bytes, a NaN in every float dtype (-1 in the
-// integer ones), so that an element a kernel forgets to write shows up in tests.
+// KILN_POISON=1 (read once; tests may also set the flag directly): every CPU
+// allocation, fresh or from the cache (and GPU allocation, runtime/gpu_backend.hpp),
+// is filled with 0xFF bytes, a NaN in every float dtype (-1 in the integer ones), so
+// that an element a kernel forgets to write shows up in tests.
 inline bool& cpu_poison() {
   static bool on = [] {
     const char* e = std::getenv("KILN_POISON");
@@ -49,20 +53,41 @@ inline bool& cpu_poison() {
   }();
   return on;
 }
+
+// Host memory for the caching allocator. NOTE: 64-byte alignment so that generated
+// loops can use full-width vector loads (every size class is a multiple of 512).
+struct HostMemory {
+  using Pointer = void*;
+  bool try_allocate(size_t bytes, void*& out) { return (out = std::aligned_alloc(64, bytes)) != nullptr; }
+  void free(void* p) { std::free(p); }
+  void wait_idle() {}
+  int ordinal() const { return -1; }
+  std::string memory_report() const { return {}; }
+};
+}  // namespace detail
+
+// CPU tensors' memory and the CPU GEMM's scratch: a freed block is reused by the
+// next allocation of its size class, so a repeated call touches no fresh pages.
+// It keeps at most 1 GiB in its free lists.
+using HostAllocator = CachingAllocator<detail::HostMemory>;
+inline HostAllocator& host_allocator() {
+  // NOTE: never destroyed: tensors with static storage duration release into it at exit.
+  static HostAllocator* allocator = new HostAllocator(detail::HostMemory{}, size_t{1} << 30);
+  return *allocator;
+}
+
+namespace detail {
 inline void* cpu_allocate(size_t bytes, int) {
-  // NOTE: 64-byte alignment so that generated loops can use full-width vector loads.
-  size_t n = (bytes + 63) / 64 * 64;
-  void* p = std::aligned_alloc(64, n ? n : 64);
-  if (!p) throw Error("kiln: out of host memory allocating " + std::to_string(bytes) + " bytes");
-  if (cpu_poison()) std::memset(p, 0xFF, n ? n : 64);
+  void* p = host_allocator().allocate(bytes ? bytes : 1);
+  if (cpu_poison()) std::memset(p, 0xFF, bytes);
   return p;
 }
-inline void cpu_release(void* p, size_t, int) { std::free(p); }
+inline void cpu_release(void* p, size_t, int) { host_allocator().release(p); }
 inline void cpu_copy(void* dst, Device, const void* src, Device, size_t bytes) {
   if (bytes) std::memcpy(dst, src, bytes);
 }
 inline MemoryHooks& memory_hooks(DeviceKind k) {
-  static MemoryHooks hooks[3] = {{cpu_allocate, cpu_release, cpu_copy}, {}, {}};
+  static MemoryHooks hooks[3] = {{cpu_allocate, cpu_release, cpu_copy, [] { host_allocator().empty_cache(); }}, {}, {}};
   return hooks[int(k)];
 }
 inline const MemoryHooks& hooks_for(Device d) {
@@ -91,6 +116,14 @@ class Storage {
   size_t bytes_;
   Device device_;
 };
+
+// Returns the cached blocks of the host and of every GPU backend in the program to
+// the system (PyTorch's empty_cache). Never needed for correctness: an allocation
+// that finds no memory does it and retries.
+inline void empty_cache() {
+  for (DeviceKind k : {DeviceKind::cpu, DeviceKind::cuda, DeviceKind::hip})
+    if (auto release_cached = detail::memory_hooks(k).empty_cache) release_cached();
+}
 
 inline void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes) {
   Device via = dst_dev.kind != DeviceKind::cpu ? dst_dev : src_dev;

@@ -12,7 +12,7 @@
 //   bool try_allocate(size_t bytes, Pointer&)   // false: out of memory; throws on anything else
 //   void free(Pointer)                          // throws on failure
 //   void wait_idle()                            // all queued work on the device finished
-//   int ordinal() const                         // for messages
+//   int ordinal() const                         // for messages; -1: host memory
 //   std::string memory_report() const           // "; X of Y bytes free", or ""
 //
 // Streams: a block released here may still be read by a kernel queued before the
@@ -20,6 +20,10 @@
 // Each backend uses one stream per device for exactly that reason (see
 // cuda_runtime.hpp / hip_runtime.hpp). Returning blocks to the driver waits for
 // the device first.
+//
+// The host uses it too (core/device.hpp): CPU tensors and the CPU GEMM's scratch
+// reuse blocks instead of paying a page fault per fresh page on every call. A
+// cache limit bounds what it keeps: a block released above it goes straight back.
 #pragma once
 
 #include <algorithm>
@@ -49,8 +53,8 @@ inline size_t allocation_size_class(size_t bytes) {
 }
 
 struct CachingAllocatorStats {
-  uint64_t device_allocs = 0;  // driver allocations that succeeded
-  uint64_t device_frees = 0;   // driver frees (empty_cache, or on running out)
+  uint64_t device_allocs = 0;  // driver allocations that succeeded (the host: aligned_alloc)
+  uint64_t device_frees = 0;   // driver frees (empty_cache, on running out, above the cache limit)
   uint64_t reuses = 0;         // allocations served from the cache
   size_t bytes_in_use = 0;     // by class size, handed out and not yet released
   size_t bytes_cached = 0;     // held in free lists
@@ -61,7 +65,9 @@ class CachingAllocator {
  public:
   using Pointer = typename Backend::Pointer;
 
-  explicit CachingAllocator(Backend backend) : backend_(std::move(backend)) {}
+  // cache_limit: the most bytes kept in free lists; a release beyond it frees the block.
+  explicit CachingAllocator(Backend backend, size_t cache_limit = SIZE_MAX)
+      : backend_(std::move(backend)), cache_limit_(cache_limit) {}
   CachingAllocator(const CachingAllocator&) = delete;
   CachingAllocator& operator=(const CachingAllocator&) = delete;
 
@@ -89,7 +95,7 @@ class CachingAllocator {
     }
     if (!ok) {
       throw Error("kiln: out of memory allocating " + std::to_string(bytes) + " bytes (class " + std::to_string(cls) +
-                  ") on device " + std::to_string(backend_.ordinal()) + backend_.memory_report() + "; kiln holds " +
+                  ") on " + where() + backend_.memory_report() + "; kiln holds " +
                   std::to_string(stats_.bytes_in_use) + " bytes in use and " + std::to_string(stats_.bytes_cached) +
                   " cached");
     }
@@ -106,13 +112,19 @@ class CachingAllocator {
     std::lock_guard lock(mutex_);
     auto it = live_.find(ptr);
     if (it == live_.end()) {
-      throw Error("kiln: release of device pointer " + pointer_text(ptr) + " that kiln's allocator on device " +
-                  std::to_string(backend_.ordinal()) + " did not hand out, or that was released already");
+      throw Error("kiln: release of pointer " + pointer_text(ptr) + " that kiln's allocator on " + where() +
+                  " did not hand out, or that was released already");
     }
     size_t cls = it->second;
     live_.erase(it);
-    free_[cls].push_back(ptr);
     stats_.bytes_in_use -= cls;
+    if (stats_.bytes_cached + cls > cache_limit_) {
+      backend_.wait_idle();
+      backend_.free(ptr);
+      ++stats_.device_frees;
+      return;
+    }
+    free_[cls].push_back(ptr);
     stats_.bytes_cached += cls;
   }
 
@@ -130,6 +142,10 @@ class CachingAllocator {
   Backend& backend() { return backend_; }
 
  private:
+  std::string where() const {
+    return backend_.ordinal() < 0 ? std::string("the host") : "device " + std::to_string(backend_.ordinal());
+  }
+
   static std::string pointer_text(Pointer p) {
     uintptr_t v;
     if constexpr (std::is_pointer_v<Pointer>) {
@@ -159,6 +175,7 @@ class CachingAllocator {
   }
 
   Backend backend_;
+  size_t cache_limit_;
   mutable std::mutex mutex_;
   std::unordered_map<size_t, std::vector<Pointer>> free_;  // class -> blocks
   std::unordered_map<Pointer, size_t> live_;               // block -> class

@@ -20,6 +20,7 @@ namespace kiln::runtime {
 struct CudaDeviceApi : GpuDeviceApi<DeviceKind::cuda, codegen::GpuDialect::cuda> {
   static cu::CudaDevice& device(int ordinal) { return cu::cuda_device(ordinal); }
   static bool present() noexcept { return cu::cuda_available() && cu::cuda_device_count() > 0; }
+  static void empty_cache() { cu::empty_cache(); }
   using Timer = cu::EventTimer;
   static std::string arch_name(cu::CudaDevice& dev) {
     return "sm_" + std::to_string(dev.properties().cc_major * 10 + dev.properties().cc_minor);

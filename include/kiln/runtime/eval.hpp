@@ -9,6 +9,7 @@
 // evaluate_many takes run-time lists of expressions too (one plan for N parameters);
 // copy_into / assign write results into existing tensors (optimiser steps).
 #pragma once
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <unordered_map>
@@ -59,6 +60,24 @@ struct Backend {
   virtual void run(const ir::Graph& g, CompiledPlan& cp, const Bound& b) = 0;
 };
 
+// The CPU GEMM's scratch from the host caching allocator. NOTE: noexcept, as they are
+// called from generated code inside OpenMP regions; a null pointer is the failure.
+inline void* gemm_scratch_allocate(size_t bytes) noexcept {
+  try {
+    return host_allocator().allocate(bytes ? bytes : 1);
+  } catch (const std::exception& e) {
+    log(LogTopic::jit, std::string("CPU GEMM scratch: ") + e.what());
+    return nullptr;
+  }
+}
+inline void gemm_scratch_release(void* p) noexcept {
+  try {
+    host_allocator().release(p);
+  } catch (const std::exception& e) {
+    log(LogTopic::jit, std::string("CPU GEMM scratch: ") + e.what());
+  }
+}
+
 class CpuBackend final : public Backend {
  public:
   void run(const ir::Graph& g, CompiledPlan& cp, const Bound& b) override {
@@ -94,6 +113,10 @@ class CpuBackend final : public Backend {
     v->module = jit::load_host_module(source(g, cp.plan, args));
     for (size_t k = 0; k < cp.plan.kernels.size(); ++k)
       v->fns.push_back(reinterpret_cast<CpuKernelFn>(v->module->symbol(("kiln_k" + std::to_string(k)).c_str())));
+    if (std::any_of(cp.plan.kernels.begin(), cp.plan.kernels.end(), [](auto& k) { return k.kind == sched::KernelKind::matmul; })) {
+      using UseAllocator = void (*)(void* (*)(size_t), void (*)(void*));
+      reinterpret_cast<UseAllocator>(v->module->symbol("kiln_gemm_use_allocator"))(gemm_scratch_allocate, gemm_scratch_release);
+    }
     cp.variants.emplace(key, v);
     if (auto hook = cpu_compile_hook()) hook(g, cp, args);
     return v.get();

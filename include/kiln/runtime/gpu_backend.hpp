@@ -19,6 +19,7 @@
 //   static bool present() noexcept;            a usable device 0 exists (never throws)
 //   static void copy(void* dst, Device dd, const void* src, Device sd, size_t bytes);
 //                                              host<->device and device<->device of this kind
+//   static void empty_cache();                 every device's cached blocks back (kiln::empty_cache)
 // where Device has make_current(), ordinal(), properties() (warp_size,
 // sm_count), stream(), allocator() (runtime/caching_allocator.hpp) and
 // load_module(source, options, name) -> Module& with function(name) ->
@@ -482,7 +483,7 @@ inline Device first_gpu() {
 // device.
 template <class Api>
 bool register_gpu_backend() {
-  kiln::detail::memory_hooks(Api::kind) = {gpu_allocate<Api>, gpu_release<Api>, gpu_copy<Api>};
+  kiln::detail::memory_hooks(Api::kind) = {gpu_allocate<Api>, gpu_release<Api>, gpu_copy<Api>, Api::empty_cache};
   backend_slot(Api::kind) = std::make_unique<GpuBackend<Api>>();
   gpu_present[int(Api::kind)] = Api::present;
   kiln::detail::gpu_probe = first_gpu;

@@ -30,6 +30,7 @@ namespace kiln::runtime {
 struct HipDeviceApi : GpuDeviceApi<DeviceKind::hip, codegen::GpuDialect::hip> {
   static rocm::HipDevice& device(int ordinal) { return rocm::hip_device(ordinal); }
   static bool present() noexcept { return rocm::hip_available(); }
+  static void empty_cache() { rocm::empty_cache(); }
   using Timer = rocm::EventTimer;
   static std::string arch_name(rocm::HipDevice& dev) { return dev.properties().arch; }
   // No vendor GEMM candidate for max-autotune (yet): kiln's own kernels only.

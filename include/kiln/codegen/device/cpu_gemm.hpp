@@ -104,10 +104,17 @@ static inline void kiln_gemm_tile(int64_t kc, const Acc* __restrict a, const Acc
     for (int v = 0; v < NV; ++v) __builtin_memcpy(cout + i * NR + v * L, &c[i][v], sizeof(V));
 }
 
-static inline void* kiln_gemm_alloc(size_t bytes) {
+// Scratch (packed panels, workspaces): kiln hands a module its host caching allocator
+// when it loads it (runtime/eval.hpp), so that a repeated call reuses pages already
+// touched instead of faulting in fresh ones on every call; posix_memalign until then.
+static void* kiln_gemm_memalign(size_t bytes) {
   void* p = nullptr;
-  if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) return nullptr;
-  return p;
+  return posix_memalign(&p, 64, bytes ? bytes : 64) == 0 ? p : nullptr;
+}
+static void* (*kiln_gemm_alloc)(size_t) = kiln_gemm_memalign;
+static void (*kiln_gemm_free)(void*) = free;
+extern "C" void kiln_gemm_use_allocator(void* (*allocate)(size_t), void (*release)(void*)) {
+  kiln_gemm_alloc = allocate, kiln_gemm_free = release;
 }
 
 // An element of storage type T in the accumulator's type; W: how T's bits read
@@ -266,11 +273,11 @@ struct KilnGemm {
             for (int64_t it = 0; it < mblocks * g; ++it) item(b, jc, panels, g, it, bp, ap, w);
           }
       }
-      if (by_batch) free(bp);
-      free(ap);
-      free(w);
+      if (by_batch) kiln_gemm_free(bp);
+      kiln_gemm_free(ap);
+      kiln_gemm_free(w);
     }
-    free(shared_bp);
+    kiln_gemm_free(shared_bp);
   }
 };
 
