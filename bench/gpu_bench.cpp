@@ -134,15 +134,16 @@ static void precompile_candidates(const Tensor<DT, 2>& a, const Tensor<DT, 2>& b
   ir::Graph g = ir::trace(matmul(a, b));
   auto cp = runtime::plan_for(g, Mode::fused);
   runtime::Bound bound = runtime::bind_buffers(g, cp->plan);
-  std::vector<std::string> sources;
+  std::vector<std::pair<std::string, std::vector<std::string>>> programs;  // source, options
   for (const codegen::GemmConfig& cfg : codegen::gemm_candidates(DT::id, arch)) {
     codegen::gemm_chooser() = [cfg](const codegen::GemmProblem&) { return std::optional(cfg); };
     runtime::GpuCall call = runtime::gpu_call(g, *cp, bound, 32, arch, sm_count);
-    sources.push_back(runtime::CudaBackend::source(g, cp->plan, call.vars, 32));
+    programs.push_back({runtime::CudaBackend::source(g, cp->plan, call.vars, 32), codegen::gpu_compile_options(call.vars)});
   }
   codegen::gemm_chooser() = nullptr;
   std::vector<std::thread> threads;
-  for (const std::string& src : sources) threads.emplace_back([&src, arch] { jit::nvrtc_compile(src, "kiln_plan", arch / 10, arch % 10); });
+  for (const auto& p : programs)
+    threads.emplace_back([&p, arch] { jit::nvrtc_compile(p.first, "kiln_plan", arch / 10, arch % 10, p.second); });
   for (auto& t : threads) t.join();
 }
 

@@ -47,9 +47,9 @@ GpuProgram cuda_program(int arch, const Es&... es) {
   return gpu_program<runtime::CudaBackend>(32, arch, 132, es...);
 }
 
-GemmProblem problem(int64_t m, int64_t n, int64_t k, DType d, bool ok, int arch) {
+GemmProblem problem(int64_t m, int64_t n, int64_t k, DType d, bool ok, int arch, bool tma = false) {
   GemmProblem p;
-  p.m = m, p.n = n, p.k = k, p.dtype = d, p.tensor_ok = ok, p.arch = arch, p.sm_count = 132;
+  p.m = m, p.n = n, p.k = k, p.dtype = d, p.tensor_ok = ok, p.tma_ok = ok && tma, p.arch = arch, p.sm_count = 132;
   return p;
 }
 
@@ -57,8 +57,15 @@ GemmProblem problem(int64_t m, int64_t n, int64_t k, DType d, bool ok, int arch)
 
 TEST_CASE("gemm config choice: tensor cores only where dtype, architecture and layout allow; forced configs obey") {
   GemmConfig big = codegen::gemm_heuristic(problem(8192, 8192, 8192, DType::bf16, true, 90));
-  CHECK(big.kind == GemmKind::mma);
+  CHECK(big.kind == GemmKind::mma);  // no copy engine layout: mma
   CHECK(big.bm * big.bn >= 128 * 128);
+  GemmConfig hopper = codegen::gemm_heuristic(problem(8192, 8192, 8192, DType::bf16, true, 90, true));
+  CHECK(hopper.kind == GemmKind::wgmma);
+  CHECK(hopper.bm * hopper.bn == 128 * 256);
+  CHECK(codegen::gemm_heuristic(problem(2048, 1024, 4096, DType::f16, true, 90, true)).bn == 128);  // 128 tiles of 128x128
+  CHECK(codegen::gemm_heuristic(problem(8192, 8192, 32, DType::bf16, true, 90, true)).kind == GemmKind::mma);  // K < 64
+  CHECK(codegen::gemm_heuristic(problem(8192, 8192, 8192, DType::bf16, true, 80, true)).kind == GemmKind::mma);
+  CHECK(codegen::gemm_heuristic(problem(8192, 8192, 8192, DType::bf16, true, 100, true)).kind == GemmKind::mma);
   CHECK(codegen::gemm_heuristic(problem(64, 64, 64, DType::f16, true, 80)).bm == 64);  // few tiles: the smallest
   CHECK(codegen::gemm_heuristic(problem(8192, 8192, 8192, DType::bf16, false, 90)).kind == GemmKind::simt);
   CHECK(codegen::gemm_heuristic(problem(8192, 8192, 8192, DType::bf16, true, 75)).kind == GemmKind::simt);
@@ -79,9 +86,27 @@ TEST_CASE("gemm config choice: tensor cores only where dtype, architecture and l
           for (bool ak : {false, true})
             for (bool bk : {false, true}) CHECK(codegen::gemm_shared_bytes(c, {ak, bk}) <= 227u * 1024);
         }
+        if (c.kind == GemmKind::wgmma) {  // 64-row consumers, 64-element swizzle rows, n <= 256 per instruction
+          CHECK(arch == 90);
+          CHECK(c.wm == 64);
+          CHECK(c.bk == 64);
+          CHECK(c.wn == c.bn);
+          CHECK((c.bn % 64 == 0 && c.bn <= 256));
+          CHECK(c.stages >= 2);
+          CHECK(codegen::gemm_shared_bytes(c, {}) <= 227u * 1024);
+        }
       }
-  // A forced tensor-core config on operands that cannot take it falls back to SIMT.
-  GemmConfig mma = codegen::gemm_candidates(DType::bf16, 90).front();
+  // A forced tensor-core config on operands that cannot take it falls back to SIMT; a forced
+  // wgmma on operands the copy engine cannot read, to mma.
+  GemmConfig mma = codegen::gemm_candidates(DType::bf16, 80).front(), wgmma = codegen::gemm_candidates(DType::bf16, 90).front();
+  REQUIRE(wgmma.kind == GemmKind::wgmma);
+  {
+    GemmHook force(wgmma);
+    CHECK(codegen::gemm_choose(problem(100, 100, 100, DType::bf16, true, 90, true)) == wgmma);
+    CHECK(codegen::gemm_choose(problem(100, 100, 100, DType::bf16, true, 90)).kind == GemmKind::mma);
+    CHECK(codegen::gemm_choose(problem(100, 100, 100, DType::bf16, true, 80, true)).kind == GemmKind::mma);
+    CHECK(codegen::gemm_choose(problem(100, 100, 100, DType::bf16, false, 90)).kind == GemmKind::simt);
+  }
   {
     GemmHook force(mma);
     CHECK(codegen::gemm_choose(problem(100, 100, 100, DType::bf16, true, 90)) == mma);
@@ -132,6 +157,7 @@ TEST_CASE("every GEMM candidate config compiles for sm_80 and sm_90 (all four op
     int arch;
     GemmConfig config;
     std::string src;
+    std::vector<std::string> options;  // sm_90a for wgmma
   };
   std::vector<Job> jobs;
   for (int arch : {80, 90}) {
@@ -140,7 +166,7 @@ TEST_CASE("every GEMM candidate config compiles for sm_80 and sm_90 (all four op
       GpuProgram p = cuda_program(arch, matmul(a, b), matmul(ht, hbt));
       CAPTURE(c.str());
       for (const auto& v : p.matmuls()) CHECK(v.gemm == c);
-      jobs.push_back({arch, c, p.src});
+      jobs.push_back({arch, c, p.src, codegen::gpu_compile_options(p.vars)});
     }
     for (const GemmConfig& c : codegen::gemm_candidates(DType::f32, arch)) {  // SIMT: every dtype it serves
       GemmHook force(c);
@@ -154,7 +180,8 @@ TEST_CASE("every GEMM candidate config compiles for sm_80 and sm_90 (all four op
   auto worker = [&] {
     for (size_t q; (q = next++) < jobs.size();) {
       try {
-        sm[q] = jit::cubin_sm(jit::nvrtc_compile(jobs[q].src, "kiln_gemm", jobs[q].arch / 10, jobs[q].arch % 10));
+        sm[q] = jit::cubin_sm(
+            jit::nvrtc_compile(jobs[q].src, "kiln_gemm", jobs[q].arch / 10, jobs[q].arch % 10, jobs[q].options));
       } catch (const std::exception& e) {
         errors[q] = e.what();
       }
@@ -186,6 +213,14 @@ TEST_CASE("gelu(x @ W1 + b1) is one tensor-core kernel on sm_80 and sm_90, and i
     CHECK(p.src.find("kiln_erf(") != std::string::npos);  // gelu evaluated at store time
     CHECK(jit::cubin_sm(jit::nvrtc_compile(p.src, "kiln_gemm_epilogue", arch / 10, arch % 10)) == arch);
   }
+  // The same epilogue in the Hopper kernel (sm_90a).
+  GemmHook force(codegen::gemm_candidates(DType::bf16, 90).front());
+  GpuProgram p = cuda_program(90, kiln::gelu(matmul(x, w) + b));
+  REQUIRE(p.vars.size() == 1);
+  CHECK(p.vars[0].gemm.kind == GemmKind::wgmma);
+  CHECK(p.src.find("kiln_erf(") != std::string::npos);
+  CHECK(p.src.find("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16") != std::string::npos);
+  CHECK(jit::cubin_sm(jit::nvrtc_compile(p.src, "kiln_gemm_epilogue", 9, 0, codegen::gpu_compile_options(p.vars))) == 90);
 }
 
 }  // TEST_SUITE("nvrtc")
@@ -241,6 +276,10 @@ void add_cases(Batch& batch, Rng& rng, std::vector<bool>& want_tc, bool few) {
     batch.check(kiln::matmul(x, y), want, tol<DT>().scaled(std::max(1.0, double(k) / 256)), what, scale);
     want_tc.push_back(tc);
   };
+  {  // several tiles each way, K over several turns of every pipeline's stages
+    auto x = input<DT, 2>(rng, {300, 520}, Layout::contiguous, v), y = input<DT, 2>(rng, {520, 600}, Layout::contiguous, v);
+    add(x.t, y.t, x.a, y.a, "[300, 520] @ [520, 600]", true);
+  }
   {  // x @ W.t(): W [N, K] row-major read in place (B K-major), odd M and N, K % 32 != 0
     auto x = input<DT, 2>(rng, {65, 1000}, Layout::contiguous, v), w = input<DT, 2>(rng, {129, 1000}, Layout::contiguous, v);
     add(x.t, w.t.transpose(0, 1), x.a, ref::transpose(w.a, 0, 1), "[65, 1000] @ W[129, 1000].t()", true);
@@ -276,14 +315,17 @@ void add_cases(Batch& batch, Rng& rng, std::vector<bool>& want_tc, bool few) {
   }
 }
 
-bool cuda_sm80() {
-  if (!runtime::CudaDeviceApi::present() || kiln::default_device().kind != DeviceKind::cuda) return false;
+// The default device's NVIDIA compute capability (90 for sm_90), 0 where it is not a CUDA GPU.
+int cuda_arch() {
+  if (!runtime::CudaDeviceApi::present() || kiln::default_device().kind != DeviceKind::cuda) return 0;
   const auto& p = cu::cuda_device().properties();
-  return p.cc_major >= 8;
+  return p.cc_major * 10 + p.cc_minor;
 }
+bool cuda_sm80() { return cuda_arch() >= 80; }
 
+// Runs the cases (with `forced` as the config, where they can take it); returns how many ran it.
 template <class DT>
-void run_cases(std::optional<GemmConfig> forced) {
+int run_cases(std::optional<GemmConfig> forced) {
   KILN_TEST_RNG(rng);
   Batch batch;
   std::vector<bool> want_tc;
@@ -292,13 +334,17 @@ void run_cases(std::optional<GemmConfig> forced) {
   batch.run();
   bool mma_dtype = DT::id == DType::bf16 || DT::id == DType::f16;
   REQUIRE(hook.seen.size() == want_tc.size());
+  int took = 0;
   if (cuda_sm80()) {
     for (size_t i = 0; i < want_tc.size(); ++i) {
       CAPTURE(i);
       CHECK(hook.seen[i].tensor_ok == want_tc[i]);
-      CHECK(codegen::gemm_choose(hook.seen[i]).kind == (want_tc[i] && mma_dtype ? GemmKind::mma : GemmKind::simt));
+      GemmConfig chosen = codegen::gemm_choose(hook.seen[i]);
+      CHECK((chosen.kind != GemmKind::simt) == (want_tc[i] && mma_dtype));
+      took += forced && chosen == *forced;
     }
   }
+  return took;
 }
 
 }  // namespace
@@ -311,10 +357,10 @@ TEST_CASE_TEMPLATE("GPU GEMM against float64: odd sizes, partial K chunks, trans
 
 TEST_CASE_TEMPLATE("GPU GEMM: every candidate config, forced, against float64", DT, bf16, f32) {
   if (kiln::default_device() == kiln::cpu()) return;
-  int arch = cuda_sm80() ? 80 : 0;
-  for (const GemmConfig& c : codegen::gemm_candidates(DT::id, arch)) {
+  for (const GemmConfig& c : codegen::gemm_candidates(DT::id, cuda_arch())) {
     CAPTURE(c.str());
-    run_cases<DT>(c);
+    int took = run_cases<DT>(c);
+    if (c.kind == GemmKind::wgmma) CHECK(took >= 3);  // the cases the copy engine can read
   }
 }
 
@@ -327,16 +373,23 @@ TEST_CASE_TEMPLATE("GPU GEMM epilogue: gelu(x @ W1 + b1) in the tensor-core kern
   auto b = input<DT, 1>(rng, {129}, Layout::contiguous, Values{-2, 2});
   auto y = kiln::gelu(kiln::matmul(x.t, w.t.transpose(0, 1)) + b.t);
   CHECK(kernel_count(Mode::fused, y) == 1);
-  GemmHook hook;
-  Counters before = counters();
-  Tensor<DT, 2> out = y;
-  CHECK(counters().kernels_launched - before.kernels_launched == 1);
-  REQUIRE(hook.seen.size() == 1);
-  if (cuda_sm80()) CHECK(codegen::gemm_choose(hook.seen[0]).kind == GemmKind::mma);
   Array scale;
   Array pre = ref::zip(ref::matmul(x.a, ref::transpose(w.a, 0, 1), &scale), b.a, [](double p, double q) { return p + q; });
   Array bound = ref::zip(scale, b.a, [](double p, double q) { return std::fabs(p) + std::fabs(q); });
-  check_close(out, ref::map(pre, ref::gelu), tol<DT>().scaled(2), "gelu(x @ W1.t() + b1)", &bound);
+  // The heuristic's kernel (mma at this size), then on an H100/H200 each wgmma config forced.
+  std::vector<std::optional<GemmConfig>> configs = {std::nullopt};
+  for (const GemmConfig& c : codegen::gemm_candidates(DT::id, cuda_arch()))
+    if (c.kind == GemmKind::wgmma) configs.push_back(c);
+  for (const auto& forced : configs) {
+    CAPTURE(forced ? forced->str() : "heuristic");
+    GemmHook hook(forced);
+    Counters before = counters();
+    Tensor<DT, 2> out = y;
+    CHECK(counters().kernels_launched - before.kernels_launched == 1);
+    REQUIRE(hook.seen.size() == 1);
+    if (cuda_sm80()) CHECK(codegen::gemm_choose(hook.seen[0]).kind == (forced ? forced->kind : GemmKind::mma));
+    check_close(out, ref::map(pre, ref::gelu), tol<DT>().scaled(2), "gelu(x @ W1.t() + b1)", &bound);
+  }
 }
 
 }  // TEST_SUITE("gpu")

@@ -9,7 +9,8 @@
 // with C[b, m, n] = sum_k A[b, m, k] B[b, k, n], one output tile per block,
 // blockIdx.z the batch (broadcast batch dims have stride 0).
 //
-// Two kinds:
+// Three kinds:
+//   wgmma bf16/f16 on sm_90 (built for sm_90a): codegen/gemm_sm90.hpp.
 //   mma   bf16/f16 on sm_80+: cp.async multi-stage pipeline into padded shared
 //         memory (rows padded by 16 bytes: ldmatrix and the copies meet no bank
 //         conflicts), ldmatrix (.trans for M-major A and N-major B),
@@ -35,18 +36,24 @@
 
 namespace kiln::codegen {
 
-enum class GemmKind : uint8_t { simt, mma };
+enum class GemmKind : uint8_t { simt, mma, wgmma };
 
 // One GEMM variant's compile-time shape. mma: (bm/wm) x (bn/wn) warps, each
 // computing a wm x wn warp tile; simt: (bm/wm) x (bn/wn) threads, each a
-// wm x wn register tile. bk: K per pipeline step; stages: mma's cp.async depth.
+// wm x wn register tile; wgmma: a producer warpgroup and bm/wm consumer
+// warpgroups, each a wm x bn (= wn) slice of the tile. bk: K per pipeline step;
+// stages: the depth of the copy pipeline (cp.async or the copy engine).
 struct GemmConfig {
   GemmKind kind = GemmKind::simt;
   int bm = 64, bn = 64, bk = 16, wm = 4, wn = 4, stages = 2;
 
-  int threads() const { return (bm / wm) * (bn / wn) * (kind == GemmKind::mma ? 32 : 1); }
+  int threads() const {
+    if (kind == GemmKind::wgmma) return (bm / wm + 1) * 128;
+    return (bm / wm) * (bn / wn) * (kind == GemmKind::mma ? 32 : 1);
+  }
   std::string str() const {
-    return std::string(kind == GemmKind::mma ? "mma" : "simt") + "_" + std::to_string(bm) + "x" + std::to_string(bn) +
+    static const char* names[] = {"simt", "mma", "wgmma"};
+    return std::string(names[int(kind)]) + "_" + std::to_string(bm) + "x" + std::to_string(bn) +
            "x" + std::to_string(bk) + "_" + std::to_string(wm) + "x" + std::to_string(wn) + "_s" + std::to_string(stages);
   }
   bool operator==(const GemmConfig&) const = default;
@@ -62,16 +69,26 @@ struct GemmOperands {
 
 // What the config choice sees of one matmul call. arch: the NVIDIA compute
 // capability (80 for sm_80, 90 for sm_90), 0 for other GPUs. tensor_ok: the
-// operands meet the mma kind's layout and alignment needs.
+// operands meet the mma kind's layout and alignment needs; tma_ok: also the copy
+// engine's (every row and batch stride a multiple of 16 bytes, at most one batch dim).
 struct GemmProblem {
   int64_t m = 0, n = 0, k = 0, batch = 1;
   DType dtype = DType::f32;
   GemmOperands ops;
-  bool tensor_ok = false;
+  bool tensor_ok = false, tma_ok = false;
   int arch = 0, sm_count = 1;
 };
 
 inline bool gemm_has_mma(DType d, int arch) { return arch >= 80 && (d == DType::bf16 || d == DType::f16); }
+// wgmma exists on sm_90 alone (sm_90a code does not run on later GPUs).
+inline bool gemm_has_wgmma(DType d, int arch) { return arch == 90 && (d == DType::bf16 || d == DType::f16); }
+
+// Whether a config can compute this problem.
+inline bool gemm_fits(const GemmConfig& c, const GemmProblem& p) {
+  if (c.kind == GemmKind::wgmma) return p.tma_ok && p.tensor_ok && gemm_has_wgmma(p.dtype, p.arch);
+  if (c.kind == GemmKind::mma) return p.tensor_ok && gemm_has_mma(p.dtype, p.arch);
+  return true;
+}
 
 // Every config a tuner may time for this dtype and architecture; of configs with the
 // same block tile, the best-known first (the heuristic takes that one).
@@ -80,11 +97,19 @@ inline std::vector<GemmConfig> gemm_candidates(DType d, int arch) {
   // NOTE: measured on an H200 (bench/gpu_bench.cpp, KILN_BENCH_GEMM_SWEEP, bf16 8192^3):
   // 128x128 blocks of four 64x64 warps, two blocks per SM, beat one 8-warp 128x256 block
   // (333 against 276 TFLOP/s; docs/benchmarks.md has the sweep).
-  if (gemm_has_mma(d, arch))
-    return {{K::mma, 128, 128, 32, 64, 64, 4}, {K::mma, 128, 128, 32, 64, 64, 3}, {K::mma, 128, 128, 32, 64, 64, 5},
+  // wgmma: 128-row tiles of two consumer warpgroups, K steps of 64 (one 128-byte swizzle row).
+  std::vector<GemmConfig> hopper;
+  if (gemm_has_wgmma(d, arch))
+    hopper = {{K::wgmma, 128, 256, 64, 64, 256, 4}, {K::wgmma, 128, 128, 64, 64, 128, 6},
+              {K::wgmma, 128, 192, 64, 64, 192, 4}, {K::wgmma, 128, 256, 64, 64, 256, 3}};
+  if (gemm_has_mma(d, arch)) {
+    std::vector<GemmConfig> ampere = {{K::mma, 128, 128, 32, 64, 64, 4}, {K::mma, 128, 128, 32, 64, 64, 3}, {K::mma, 128, 128, 32, 64, 64, 5},
             {K::mma, 128, 128, 64, 64, 64, 3}, {K::mma, 128, 128, 64, 64, 64, 2}, {K::mma, 128, 128, 32, 64, 32, 4},
             {K::mma, 128, 256, 64, 64, 64, 3}, {K::mma, 128, 256, 32, 64, 64, 4}, {K::mma, 256, 128, 64, 64, 64, 3},
             {K::mma, 256, 128, 32, 64, 64, 4}, {K::mma, 64, 128, 32, 32, 64, 4}, {K::mma, 64, 64, 32, 32, 32, 4}};
+    hopper.insert(hopper.end(), ampere.begin(), ampere.end());
+    return hopper;
+  }
   if (d == DType::f64 || d == DType::i64) return {{K::simt, 64, 64, 16, 4, 4, 1}, {K::simt, 32, 32, 16, 2, 2, 1}};
   return {{K::simt, 128, 128, 8, 8, 8, 1}, {K::simt, 64, 64, 16, 4, 4, 1}, {K::simt, 32, 32, 16, 2, 2, 1}};
 }
@@ -94,27 +119,31 @@ inline int64_t gemm_tiles(const GemmConfig& c, const GemmProblem& p) {
   return ((p.m + c.bm - 1) / c.bm) * ((p.n + c.bn - 1) / c.bn) * p.batch;
 }
 
-// The default mode's choice, no tuning: the largest block tile (of 128x128, 64x128,
-// 64x64) that still gives every SM a block (larger tiles re-read A and B less); else
-// the smallest.
+// The default mode's choice, no tuning: the largest block tile (wgmma's 128x256,
+// 128x128, then mma's 128x128, 64x128, 64x64) that still gives every SM a block
+// (larger tiles re-read A and B less); else the smallest.
 inline GemmConfig gemm_heuristic(const GemmProblem& p) {
   auto all = gemm_candidates(p.dtype, p.tensor_ok ? p.arch : 0);
-  auto tile = [&](int bm, int bn) {
+  auto tile = [&](GemmKind kind, int bm, int bn) {
     for (const GemmConfig& c : all)
-      if (c.bm == bm && c.bn == bn) return c;
+      if (c.kind == kind && c.bm == bm && c.bn == bn) return c;
     return all.back();
   };
   std::vector<GemmConfig> ladder = all;
-  if (all.front().kind == GemmKind::mma)
-    ladder = {tile(128, 128), tile(64, 128), tile(64, 64)};
+  if (all.front().kind != GemmKind::simt) ladder = {tile(GemmKind::mma, 128, 128), tile(GemmKind::mma, 64, 128), tile(GemmKind::mma, 64, 64)};
+  // NOTE: K of at least one pipeline step; below that the copy engine moves mostly zeros.
+  if (all.front().kind == GemmKind::wgmma && gemm_fits(all.front(), p) && p.k >= 64)
+    ladder.insert(ladder.begin(), {tile(GemmKind::wgmma, 128, 256), tile(GemmKind::wgmma, 128, 128)});
+  // NOTE: "every SM" with a tenth of slack: 128 tiles on 132 SMs is one nearly full wave.
   for (const GemmConfig& c : ladder)
-    if (gemm_tiles(c, p) >= p.sm_count) return c;
+    if (gemm_tiles(c, p) * 10 >= p.sm_count * 9) return c;
   return ladder.back();
 }
 
 // The config choice: a tuner installs a chooser (its database, or a forced
 // config while it times one); an empty result or no chooser means the
-// heuristic. A chosen mma config the problem cannot take falls back to simt.
+// heuristic. A chosen config the problem cannot take falls back to the heuristic
+// (a tensor-core config on operands that cannot take tensor cores: simt).
 using GemmChooser = std::function<std::optional<GemmConfig>(const GemmProblem&)>;
 inline GemmChooser& gemm_chooser() {
   static GemmChooser c;
@@ -123,17 +152,20 @@ inline GemmChooser& gemm_chooser() {
 inline GemmConfig gemm_choose(const GemmProblem& p) {
   if (const GemmChooser& c = gemm_chooser()) {
     if (std::optional<GemmConfig> got = c(p)) {
-      if (got->kind == GemmKind::simt || (p.tensor_ok && gemm_has_mma(p.dtype, p.arch))) return *got;
+      if (gemm_fits(*got, p)) return *got;
+      if (got->kind == GemmKind::wgmma && gemm_fits(GemmConfig{GemmKind::mma}, p)) return gemm_heuristic(p);
       GemmProblem q = p;
-      q.tensor_ok = false;
+      q.tensor_ok = q.tma_ok = false;
       return gemm_heuristic(q);
     }
   }
   return gemm_heuristic(p);
 }
 
-// Dynamic shared memory of an mma kernel (0 for simt: static).
+// Dynamic shared memory of an mma or wgmma kernel (0 for simt: static). wgmma: the
+// stages, their full and empty barriers, and 1 KB to align the base to the swizzle atom.
 inline size_t gemm_shared_bytes(const GemmConfig& c, const GemmOperands& o) {
+  if (c.kind == GemmKind::wgmma) return size_t(c.stages) * (size_t(c.bm + c.bn) * c.bk * 2 + 16) + 1024;
   if (c.kind != GemmKind::mma) return 0;
   size_t a = o.a_k_major ? size_t(c.bm) * (c.bk + 8) : size_t(c.bk) * (c.bm + 8);
   size_t b = o.b_k_major ? size_t(c.bn) * (c.bk + 8) : size_t(c.bk) * (c.bn + 8);
@@ -150,7 +182,11 @@ class GemmWriter {
 
   // The kernel body: P, M are in scope; declares the operands and shapes, then `prelude` (the
   // epilogue's names: MatmulEpilogue::prelude), then the tile loop and the stores.
-  std::string body(const std::string& prelude = "") const {
+  std::string body(const std::string& prelude = "") const { return head(prelude) + (c_.kind == GemmKind::mma ? mma() : simt()); }
+
+  // What every kind begins with: the operands (A0, B0 at this batch), shapes (Mr, N, K),
+  // strides, the prelude, the tile constants and this block's tile (m0, n0).
+  std::string head(const std::string& prelude) const {
     std::string st = storage(), s;
     s += "  const int nd = (int)M[0];\n  const int64_t K = M[1];\n  const int64_t* sz = M + 2;\n";
     s += "  const int64_t* sa = sz + nd; const int64_t* sb = sa + nd;\n";
@@ -169,8 +205,11 @@ class GemmWriter {
     s += "  int64_t tm, tn;\n  {\n    const int64_t gm = (Mr + BM - 1) / BM, gn = (N + BN - 1) / BN, pid = blockIdx.x;\n";
     s += "    const int64_t first = pid / (8 * gn) * 8, rows = gm - first < 8 ? gm - first : 8;\n";
     s += "    tm = first + (pid % (8 * gn)) % rows; tn = (pid % (8 * gn)) / rows;\n  }\n";
-    s += "  const int64_t m0 = tm * BM, n0 = tn * BN;\n";
-    return s + (c_.kind == GemmKind::mma ? mma() : simt());
+    return s + "  const int64_t m0 = tm * BM, n0 = tn * BN;\n";
+  }
+  // One output element's store, skipped past M and N.
+  std::string emit_store(const std::string& ind, const std::string& row, const std::string& col, const std::string& v) const {
+    return ind + "if (" + row + " < Mr && " + col + " < N) { " + store_(row, col, v) + " }\n";
   }
 
  private:
@@ -182,9 +221,6 @@ class GemmWriter {
     if (d_ == DType::bf16) return "kiln_bf16_to_f32(" + e + ")";
     if (d_ == DType::f16) return "kiln_f16_to_f32(" + e + ")";
     return "(" + compute() + ")" + e;
-  }
-  std::string emit_store(const std::string& ind, const std::string& row, const std::string& col, const std::string& v) const {
-    return ind + "if (" + row + " < Mr && " + col + " < N) { " + store_(row, col, v) + " }\n";
   }
 
   // One operand tile in shared memory as it lies in global memory: R rows of C

@@ -27,7 +27,7 @@
 #include <string>
 
 #include "kiln/codegen/device_files.hpp"
-#include "kiln/codegen/gemm.hpp"
+#include "kiln/codegen/gemm_sm90.hpp"
 #include "kiln/codegen/kernel.hpp"
 
 namespace kiln::codegen {
@@ -76,7 +76,11 @@ class GpuKernelWriter {
     bool mm = k_.kind == sched::KernelKind::matmul;
     int threads = mm ? v_.gemm.threads() : v_.threads;
     s += "extern \"C\" __global__ void KILN_LAUNCH_BOUNDS(" + std::to_string(threads) + ", " +
-         std::to_string(mm ? 1 : std::max(1, 1024 / threads)) + ") " + name_ + "(const " + name_ + "_args args) {\n";
+         std::to_string(mm ? 1 : std::max(1, 1024 / threads)) + ") " + name_ + "(const " + name_ + "_args args" +
+         (mm && v_.gemm.kind == GemmKind::wgmma
+              ? ", const __grid_constant__ KilnTensorMap tma_a, const __grid_constant__ KilnTensorMap tma_b"
+              : "") +
+         ") {\n";
     s += "  void* const* P = args.p; const int64_t* M = args.m; const uint64_t* A = args.a; (void)P; (void)A;\n";
     if (k_.kind == sched::KernelKind::matmul) return s + matmul() + "}\n";
     s += "  const int nd = (int)M[0], no = (int)M[1]; (void)no;\n  const int64_t* sz = M + 2;\n  const int64_t* st = M + 2 + nd;\n";
@@ -372,9 +376,10 @@ class GpuKernelWriter {
   // The GEMM (codegen/gemm.hpp); every output element leaves through the epilogue (MatmulEpilogue::store).
   std::string matmul() {
     MatmulEpilogue ep(g_, k_, l_);
-    return GemmWriter(v_.gemm, v_.gemm_ops, ep.dtype(), [&](const std::string& row, const std::string& col, const std::string& v) {
-             return ep.store(row, col, v, "");
-           }).body(ep.prelude("blockIdx.z", "__restrict__", "  "));
+    GemmStore store = [&](const std::string& row, const std::string& col, const std::string& v) { return ep.store(row, col, v, ""); };
+    std::string prelude = ep.prelude("blockIdx.z", "__restrict__", "  ");
+    if (v_.gemm.kind == GemmKind::wgmma) return WgmmaWriter(v_.gemm, v_.gemm_ops, ep.dtype(), store).body(prelude);
+    return GemmWriter(v_.gemm, v_.gemm_ops, ep.dtype(), store).body(prelude);
   }
 
   const ir::Graph& g_;
@@ -388,14 +393,22 @@ class GpuKernelWriter {
 inline std::string gpu_source(GpuDialect dialect, int warp_size, const ir::Graph& g, const sched::Plan& plan,
                               const std::vector<GpuVariant>& variants) {
   std::string src = gpu_prelude(dialect, warp_size);
-  for (const GpuVariant& v : variants)
-    if (v.gemm.kind == GemmKind::mma) {
-      src += detail::read_device_file("gemm_mma.cuh");
-      break;
-    }
+  auto any = [&](GemmKind kind) {
+    return std::any_of(variants.begin(), variants.end(), [&](const GpuVariant& v) { return v.gemm.kind == kind; });
+  };
+  if (any(GemmKind::mma) || any(GemmKind::wgmma)) src += detail::read_device_file("gemm_mma.cuh");
+  if (any(GemmKind::wgmma)) src += detail::read_device_file("gemm_wgmma.cuh");
   for (size_t k = 0; k < plan.kernels.size(); ++k)
     src += "\n" + GpuKernelWriter(g, plan.kernels[k], int(k), variants[k]).write();
   return src;
+}
+
+// The compiler options a program of these variants needs beyond the device's own
+// target: wgmma and setmaxnreg exist only in sm_90a code.
+inline std::vector<std::string> gpu_compile_options(const std::vector<GpuVariant>& variants) {
+  for (const GpuVariant& v : variants)
+    if (v.gemm.kind == GemmKind::wgmma) return {"--gpu-architecture=sm_90a"};
+  return {};
 }
 
 }  // namespace kiln::codegen

@@ -26,6 +26,38 @@ struct CudaDeviceApi : GpuDeviceApi<DeviceKind::cuda, codegen::GpuDialect::cuda>
     return "sm_" + std::to_string(dev.properties().cc_major * 10 + dev.properties().cc_minor);
   }
 
+  // The tensor maps of a wgmma GEMM (codegen/gemm_sm90.hpp): each operand as a 3-d
+  // tensor {contiguous dim, other matrix dim, batch}, boxes of 64 contiguous elements
+  // (one 128-byte swizzle row) by the rows the kernel copies at once; a broadcast
+  // batch is a batch of one (the kernel reads its coordinate 0).
+  static void tensor_maps(const KernelArgs& a, const codegen::GpuVariant& v, TensorMaps& out) {
+    const cu::DriverApi& api = cu::driver();
+    if (api.cuTensorMapEncodeTiled == nullptr)
+      throw Error("kiln: the CUDA driver (" + api.path + ") has no cuTensorMapEncodeTiled: the wgmma GEMM needs a CUDA 12+ driver");
+    int nd = int(a.meta[0]);
+    auto size = [&](int d) { return uint64_t(a.meta[size_t(2 + d)]); };
+    auto stride = [&](int slot, int d) { return uint64_t(a.meta[size_t(2 + nd + slot * nd + d)]) * 2; };  // bytes
+    uint64_t k = uint64_t(a.meta[1]), m = size(nd - 2), n = size(nd - 1);
+    auto encode = [&](TensorMaps::Map& map, int slot, bool k_major, uint64_t mn, unsigned k_major_rows) {
+      // slot 0 is A [M, K], slot 1 is B [K, N]: which meta dim is K and which is M or N.
+      int kd = slot == 0 ? nd - 1 : nd - 2, mnd = slot == 0 ? nd - 2 : nd - 1;
+      uint64_t inner = k_major ? k : mn, outer = k_major ? mn : k, outer_stride = stride(slot, k_major ? mnd : kd);
+      bool batched = nd == 3 && stride(slot, 0) != 0 && size(0) > 1;
+      uint64_t dims[3] = {inner, outer, batched ? size(0) : 1};
+      uint64_t strides[2] = {outer_stride, batched ? stride(slot, 0) : outer_stride * outer};
+      unsigned box[3] = {64, k_major ? k_major_rows : unsigned(v.gemm.bk), 1}, unit[3] = {1, 1, 1};
+      int r = api.cuTensorMapEncodeTiled(&map, cu::kTensorMapUint16, 3, const_cast<void*>(a.ptrs[size_t(slot)]), dims, strides,
+                                         box, unit, 0, cu::kTensorMapSwizzle128B, cu::kTensorMapL2Promotion128B, 0);
+      if (r != cu::kSuccess)
+        throw Error("kiln: cuTensorMapEncodeTiled of the " + std::string(slot ? "B" : "A") + " operand of a matmul (" +
+                    std::to_string(dims[0]) + " x " + std::to_string(dims[1]) + " x " + std::to_string(dims[2]) + ", strides " +
+                    std::to_string(strides[0]) + ", " + std::to_string(strides[1]) + " bytes) failed: " +
+                    cu::detail::driver_error_text(api, r));
+    };
+    encode(out.a, 0, v.gemm_ops.a_k_major, m, unsigned(v.gemm.bm));
+    encode(out.b, 1, v.gemm_ops.b_k_major, n, unsigned(v.gemm.bn));
+  }
+
   // cuBLASLt, one more max-autotune candidate where it computes a matmul kernel exactly.
   static constexpr const char* kLibraryGemm = "cublaslt";
   static bool library_gemm_applies(const ir::Graph& g, const sched::Kernel& k, const codegen::Layout& l, const KernelArgs& a) {

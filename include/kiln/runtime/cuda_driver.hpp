@@ -146,7 +146,17 @@ struct DriverApi {
   CUresult (*cuEventSynchronize)(CUevent) = nullptr;
   CUresult (*cuEventElapsedTime)(float*, CUevent, CUevent) = nullptr;     // _v2 (CUDA 12.8+), else the original
   CUresult (*cuEventDestroy)(CUevent) = nullptr;                          // _v2
+  // Optional (CUDA 12+ drivers; null where missing: no wgmma GEMM then). The map is
+  // CUtensorMap (128 bytes); the enums are passed as int.
+  CUresult (*cuTensorMapEncodeTiled)(void* map, int dtype, unsigned rank, void* address, const uint64_t* dims,
+                                     const uint64_t* strides, const unsigned* box, const unsigned* element_strides,
+                                     int interleave, int swizzle, int l2_promotion, int oob_fill) = nullptr;
 };
+
+// CUtensorMap enum values (cuda.h).
+inline constexpr int kTensorMapUint16 = 1;
+inline constexpr int kTensorMapSwizzle128B = 3;
+inline constexpr int kTensorMapL2Promotion128B = 2;
 
 namespace detail {
 
@@ -256,6 +266,8 @@ inline bool load_driver_library(const char* path, DriverApi& api, std::string& w
     ::dlclose(lib);
     return false;
   }
+  std::string optional;
+  detail::bind_symbol(lib, api.cuTensorMapEncodeTiled, {"cuTensorMapEncodeTiled"}, optional);
   api.library = lib;
   api.path = path;
   return true;

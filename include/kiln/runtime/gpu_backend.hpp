@@ -83,6 +83,12 @@ inline codegen::GemmProblem gemm_problem(const ir::Graph& g, const sched::Kernel
     for (int d = 0; d + 2 < nd; ++d) ok = ok && (stride(s, d) * es) % 16 == 0;
   }
   p.tensor_ok = ok;
+  // The copy engine (wgmma) steps every row and batch stride in 16-byte units, even
+  // of a dim of size 1, over at most one batch dim, with 32-bit coordinates.
+  auto steps = [&](int slot, int d) { return stride(slot, d) > 0 && (stride(slot, d) * es) % 16 == 0; };
+  auto coord = [](int64_t v) { return v >= 1 && v < (int64_t(1) << 31); };
+  p.tma_ok = ok && nd <= 3 && coord(p.m) && coord(p.n) && coord(p.k) && (nd < 3 || coord(size(0))) &&
+             steps(0, p.ops.a_k_major ? nd - 2 : nd - 1) && steps(1, p.ops.b_k_major ? nd - 1 : nd - 2);
   return p;
 }
 
@@ -249,6 +255,13 @@ struct KernelDescription {
   }
 };
 
+// A wgmma GEMM's two tensor maps (CUtensorMap: 128 bytes, 64-byte aligned), passed by value.
+struct TensorMaps {
+  struct alignas(64) Map {
+    uint64_t words[16];
+  } a, b;
+};
+
 // One call of a plan on a GPU: each kernel's bound arguments and variant, and
 // the key of the variant set (which program of the plan this call needs).
 struct GpuCall {
@@ -289,6 +302,11 @@ template <DeviceKind K, codegen::GpuDialect D>
 struct GpuDeviceApi {
   static constexpr DeviceKind kind = K;
   static constexpr codegen::GpuDialect dialect = D;
+  // The copy engine's tensor maps of a wgmma GEMM's operands (the kernel's two extra
+  // parameters); only a CUDA device has them.
+  static void tensor_maps(const KernelArgs&, const codegen::GpuVariant&, TensorMaps&) {
+    throw Error("kiln: internal error: a wgmma GEMM on a device without the copy engine");
+  }
 };
 
 // The backend of one GPU API: runs a bound plan on a device of Api::kind.
@@ -322,7 +340,9 @@ class GpuBackend final : public Backend {
       uint64_t ws[codegen::kGpuSplitWords] = {};
       if (v.split) split_workspace(dev, L.grid.x, kernels[k], ws);
       gpu_arg_block(g, kernels[k], cp.layouts[k], call.args[k], v, ws, block);
-      void* params[] = {block.data()};
+      TensorMaps maps;
+      void* params[] = {block.data(), &maps.a, &maps.b};
+      if (v.gemm.kind == codegen::GemmKind::wgmma) Api::tensor_maps(call.args[k], v, maps);
       KernelDescription describe{&g, &kernels[k]};
       fns[k].launch({L.grid.x, L.grid.y, L.grid.z}, {L.block.x, L.block.y, L.block.z}, L.shared_bytes, params,
                     LazyText{&KernelDescription::text, &describe}, dev.stream());
@@ -344,7 +364,8 @@ class GpuBackend final : public Backend {
     std::lock_guard lock(mu_);
     Hash128 full = Hasher().add(key).add(reinterpret_cast<uintptr_t>(&cp)).add(dev.ordinal()).digest();
     if (auto it = cache_.find(full); it != cache_.end()) return it->second;
-    auto& m = dev.load_module(source(g, cp.plan, vars, dev.properties().warp_size), {}, "kiln_plan");
+    auto& m = dev.load_module(source(g, cp.plan, vars, dev.properties().warp_size), codegen::gpu_compile_options(vars),
+                              "kiln_plan");
     std::vector<Function> fns;
     for (size_t k = 0; k < cp.plan.kernels.size(); ++k) fns.push_back(m.function("kiln_k" + std::to_string(k)));
     return cache_.emplace(full, std::move(fns)).first->second;
@@ -358,13 +379,15 @@ class GpuBackend final : public Backend {
     for (size_t k = 0; k < kernels.size(); ++k) {
       if (kernels[k].kind != sched::KernelKind::matmul || call.args[k].work == 0) continue;
       codegen::GemmProblem p = gemm_problem(g, kernels[k], call.args[k], arch, props.sm_count);
-      std::vector<codegen::GemmConfig> configs = codegen::gemm_candidates(p.dtype, p.tensor_ok ? p.arch : 0);
+      std::vector<codegen::GemmConfig> configs;
+      for (const codegen::GemmConfig& c : codegen::gemm_candidates(p.dtype, p.tensor_ok ? p.arch : 0))
+        if (codegen::gemm_fits(c, p)) configs.push_back(c);
       std::vector<std::string> names;
       for (const auto& c : configs) names.push_back(c.str());
       bool library = Api::library_gemm_applies(g, kernels[k], cp.layouts[k], call.args[k]);
       if (library) names.push_back(Api::kLibraryGemm);
       std::string layout = std::string(p.ops.a_k_major ? "ak" : "am") + (p.ops.b_k_major ? "bk" : "bn") +
-                           (p.tensor_ok ? "" : "-unaligned") + (library ? "+" + std::string(Api::kLibraryGemm) : "");
+                           (p.tensor_ok ? "" : "-unaligned") + (p.tma_ok || !p.tensor_ok ? "" : "-notma") + (library ? "+" + std::string(Api::kLibraryGemm) : "");
       tune::Key key{"matmul", tune::gemm_shape_class(p.batch, p.m, p.n, p.k), p.dtype, layout, Api::arch_name(dev)};
       std::string choice = tune::autotune(key, names, [&](const std::string& name) {
         if (name == Api::kLibraryGemm)
@@ -376,10 +399,13 @@ class GpuBackend final : public Backend {
         sched::Plan one;  // this kernel alone: one small program per candidate
         one.kernels = {kernels[k]};
         one.kernels[0].deps.clear();
-        Function f = dev.load_module(source(g, one, {v}, props.warp_size), {}, "kiln_tune").function("kiln_k0");
+        Function f = dev.load_module(source(g, one, {v}, props.warp_size), codegen::gpu_compile_options({v}), "kiln_tune")
+                         .function("kiln_k0");
         std::vector<uint64_t> block;
         gpu_arg_block(g, kernels[k], cp.layouts[k], call.args[k], v, nullptr, block);
-        void* params[] = {block.data()};
+        TensorMaps maps;
+        void* params[] = {block.data(), &maps.a, &maps.b};
+        if (v.gemm.kind == codegen::GemmKind::wgmma) Api::tensor_maps(call.args[k], v, maps);
         GpuLaunch L = gpu_launch_shape(kernels[k], call.args[k], v, props.sm_count, props.warp_size);
         return time_us(dev, [&] {
           f.launch({L.grid.x, L.grid.y, L.grid.z}, {L.block.x, L.block.y, L.block.z}, L.shared_bytes, params,

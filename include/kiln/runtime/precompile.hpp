@@ -72,7 +72,7 @@ inline void precompile(const ir::Graph& g, const CompiledPlan& cp, const std::ve
         jit::hiprtc_compile(src, "kiln_plan", t, {});
       } else {
         int cc = std::stoi(t.substr(3));
-        jit::nvrtc_compile(src, "kiln_plan", cc / 10, cc % 10);
+        jit::nvrtc_compile(src, "kiln_plan", cc / 10, cc % 10, codegen::gpu_compile_options(vars));
       }
     }
   }

@@ -1,0 +1,65 @@
+// kiln — header-only C++20 tensor compiler.
+// SPDX-License-Identifier: Apache-2.0
+//
+// The sm_90a instructions of the Hopper GEMM (codegen/gemm_sm90.hpp): pasted
+// after gemm_mma.cuh into programs that hold such a kernel, which NVRTC then
+// builds for sm_90a. The raw instructions only: the bulk tensor copy (TMA) with
+// its tensor map, mbarriers, warpgroup MMA fences and shared-memory descriptors;
+// the wgmma instructions themselves (one per tile width) are written by the
+// generator.
+
+// A CUtensorMap (cuda.h's 128-byte opaque type), passed by value as a
+// __grid_constant__ kernel parameter: the copy engine reads it from there.
+struct __align__(64) KilnTensorMap {
+  unsigned long long w[16];
+};
+
+KILN_FN void kiln_mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// Makes the barriers' initialisation visible to the copy engine (the async proxy).
+KILN_FN void kiln_mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+// One arrival that also expects `bytes` from copies completing on this barrier.
+KILN_FN void kiln_mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+KILN_FN void kiln_mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Waits until the barrier's phase of parity `parity` has completed.
+KILN_FN void kiln_mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  }
+}
+
+// A box of a 3-d tensor (coordinates innermost first) into shared memory; completes
+// its bytes on `bar`. Elements past the tensor's bounds arrive as zeros.
+KILN_FN void kiln_tma_load_3d(uint32_t dst, const KilnTensorMap* map, int c0, int c1, int c2, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(
+          dst),
+      "l"((unsigned long long)map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+
+KILN_FN void kiln_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+KILN_FN void kiln_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> KILN_FN void kiln_wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+
+// Shared-memory matrix descriptor of a 128-byte-swizzled tile (the layout the copy
+// engine writes with CU_TENSOR_MAP_SWIZZLE_128B): start address, leading and
+// stride byte offsets, all in 16-byte units.
+KILN_FN unsigned long long kiln_wgmma_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16) |
+         ((unsigned long long)(sbo >> 4) << 32) | (1ull << 62);
+}
+
+// The register budgets of a producer/consumer kernel (launch-bounded to one block per SM).
+template <int R> KILN_FN void kiln_regs_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R)); }
+template <int R> KILN_FN void kiln_regs_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R)); }

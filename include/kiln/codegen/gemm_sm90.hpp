@@ -1,0 +1,112 @@
+// kiln — header-only C++20 tensor compiler.
+// SPDX-License-Identifier: Apache-2.0
+//
+// The Hopper GEMM (GemmKind::wgmma, bf16/f16 on sm_90, built for sm_90a): the
+// body of one kernel, over the same argument block and tile order as the other
+// kinds (codegen/gemm.hpp), plus two tensor maps (tma_a, tma_b: kernel
+// parameters the host encodes, runtime/cuda_backend.hpp).
+//
+// One block computes a BM x BN tile with 1 + BM/64 warpgroups:
+//   producer   one thread: for each K step, waits until the stage is free
+//              (its `empty` barrier), then has the copy engine (TMA) bring A's
+//              and B's boxes into it, completing on its `full` barrier. The copy
+//              engine writes the 128-byte-swizzled layout wgmma reads, and fills
+//              whatever lies past M, N or K with zeros.
+//   consumers  warpgroup c owns rows 64c .. 64c+63 of the tile: waits for a stage,
+//              issues BK/16 wgmma m64nBNk16 (A and B both from shared memory, f32
+//              accumulators in registers), keeps one step in flight and gives the
+//              previous step's stage back; at the end every element leaves
+//              through the store callback (the fused epilogue).
+// The producer gives its registers up (setmaxnreg) so consumers hold 64 x BN
+// accumulators without spilling.
+//
+// Shared memory per stage, each box 1024-byte aligned (the swizzle atom):
+//   A K-major: [BM rows][64 k] (one box)          A M-major: BM/64 boxes of [64 k][64 m]
+//   B K-major: [BN rows][64 k] (one box)          B N-major: BN/64 boxes of [64 k][64 n]
+// Descriptors: K-major tiles step 32 bytes per k16 inside the 128-byte row, 8-row
+// groups 1024 bytes apart (SBO); M/N-major tiles step 16 rows (2048 bytes) per k16,
+// 8-k groups 1024 bytes apart (SBO), 64-element column blocks 8192 bytes apart (LBO).
+#pragma once
+#include "kiln/codegen/gemm.hpp"
+
+namespace kiln::codegen {
+
+// The copy engine's boxes: inner extent 64 elements (128 bytes, the swizzle span).
+// K-major operands take one box of {64, rows}; M/N-major ones rows/64 boxes of {64, 64}.
+inline int wgmma_box_rows(const GemmConfig& c, bool is_a, bool k_major) { return k_major ? (is_a ? c.bm : c.bn) : c.bk; }
+
+class WgmmaWriter {
+ public:
+  WgmmaWriter(const GemmConfig& c, const GemmOperands& o, DType d, GemmStore store)
+      : c_(c), o_(o), d_(d), w_(c, o, d, std::move(store)) {}
+
+  std::string body(const std::string& prelude = "") const {
+    auto S = [](int v) { return std::to_string(v); };
+    std::string s = w_.head(prelude);
+    s += "  constexpr int STAGES = " + S(c_.stages) + ", CONSUMERS = BM / WM;\n";
+    s += "  constexpr uint32_t A_STAGE = BM * BK * 2, B_STAGE = BN * BK * 2;\n";
+    s += "  extern __shared__ __align__(128) unsigned char kiln_smem[];\n";
+    s += "  const uint32_t sA = (kiln_smem_addr(kiln_smem) + 1023u) & ~1023u, sB = sA + STAGES * A_STAGE;\n";
+    s += "  const uint32_t full0 = sB + STAGES * B_STAGE, empty0 = full0 + STAGES * 8;\n";
+    s += "  const int wg = threadIdx.x / 128, lane = threadIdx.x % 32;\n";
+    s += "  const int KT = (int)((K + BK - 1) / BK);\n";
+    // The batch coordinate of each operand's map (0 where its batch is broadcast: the map has one).
+    s += "  const int za = nd == 3 && sa[0] != 0 ? (int)blockIdx.z : 0, zb = nd == 3 && sb[0] != 0 ? (int)blockIdx.z : 0;\n";
+    s += "  if (threadIdx.x == 0) {\n";
+    s += "    for (int s = 0; s < STAGES; ++s) { kiln_mbar_init(full0 + 8 * s, 1); kiln_mbar_init(empty0 + 8 * s, CONSUMERS * 4); }\n";
+    s += "    kiln_mbar_init_fence();\n  }\n  __syncthreads();\n";
+    s += "  if (wg == 0) {\n    kiln_regs_dec<40>();\n    if (threadIdx.x == 0) {\n";
+    s += "      for (int kt = 0; kt < KT; ++kt) {\n        const int s = kt % STAGES, k0 = kt * BK;\n";
+    s += "        if (kt >= STAGES) kiln_mbar_wait(empty0 + 8 * s, (kt / STAGES - 1) & 1);\n";
+    s += "        const uint32_t full = full0 + 8 * s, a = sA + s * A_STAGE, b = sB + s * B_STAGE;\n";
+    s += "        kiln_mbar_expect_tx(full, A_STAGE + B_STAGE);\n";
+    s += o_.a_k_major ? "        kiln_tma_load_3d(a, &tma_a, k0, (int)m0, za, full);\n"
+                      : "        for (int c = 0; c < BM / 64; ++c) kiln_tma_load_3d(a + c * 8192, &tma_a, (int)m0 + 64 * c, k0, za, full);\n";
+    s += o_.b_k_major ? "        kiln_tma_load_3d(b, &tma_b, k0, (int)n0, zb, full);\n"
+                      : "        for (int j = 0; j < BN / 64; ++j) kiln_tma_load_3d(b + j * 8192, &tma_b, (int)n0 + 64 * j, k0, zb, full);\n";
+    s += "      }\n    }\n  } else {\n    kiln_regs_inc<232>();\n";
+    s += "    const int c = wg - 1, w = (threadIdx.x / 32) % 4;\n";
+    s += "    float d[BN / 2];\n#pragma unroll\n    for (int i = 0; i < BN / 2; ++i) d[i] = 0.f;\n";
+    s += "    for (int kt = 0; kt < KT; ++kt) {\n      const int s = kt % STAGES;\n";
+    s += "      kiln_mbar_wait(full0 + 8 * s, (kt / STAGES) & 1);\n";
+    s += "      const uint32_t a = sA + s * A_STAGE + c * 8192, b = sB + s * B_STAGE;\n      kiln_wgmma_fence();\n";
+    s += "#pragma unroll\n      for (int ks = 0; ks < BK / 16; ++ks) {\n";
+    s += std::string("        const unsigned long long da = ") +
+         (o_.a_k_major ? "kiln_wgmma_desc(a + ks * 32, 16, 1024)" : "kiln_wgmma_desc(a + ks * 2048, 8192, 1024)") +
+         ", db = " + (o_.b_k_major ? "kiln_wgmma_desc(b + ks * 32, 16, 1024)" : "kiln_wgmma_desc(b + ks * 2048, 8192, 1024)") +
+         ";\n";
+    s += mma_instruction("        ");
+    s += "      }\n      kiln_wgmma_commit();\n      kiln_wgmma_wait<1>();\n";
+    // The previous step's MMAs have finished reading their stage: back to the producer.
+    s += "      if (kt > 0 && lane == 0) kiln_mbar_arrive(empty0 + 8 * ((kt - 1) % STAGES));\n    }\n";
+    s += "    kiln_wgmma_wait<0>();\n";
+    // Accumulators: warp w of the warpgroup holds rows 16w .. 16w+15; per 8 columns j, d[4j .. 4j+3]
+    // at (lane/4, 2*(lane%4) + 0/1) and eight rows below (mma.sync's C fragment).
+    s += "#pragma unroll\n    for (int j = 0; j < BN / 8; ++j)\n#pragma unroll\n    for (int q = 0; q < 4; ++q) {\n";
+    s += "      const int64_t row = m0 + c * 64 + w * 16 + lane / 4 + (q / 2) * 8, col = n0 + j * 8 + (lane % 4) * 2 + q % 2;\n";
+    s += w_.emit_store("      ", "row", "col", "d[j * 4 + q]");
+    return s + "    }\n  }\n";
+  }
+
+ private:
+  // wgmma.mma_async m64n<BN>k16, f32 += A * B, both operands by descriptor; imm-trans
+  // is 1 for an M-major A or an N-major B.
+  std::string mma_instruction(const std::string& ind) const {
+    int n = c_.bn, regs = n / 2;
+    std::string t = d_ == DType::bf16 ? "bf16" : "f16", list;
+    for (int i = 0; i < regs; ++i) list += (i ? ", %" : "%") + std::to_string(i);
+    std::string s = ind + "asm volatile(\"{ .reg .pred p; setp.ne.b32 p, %" + std::to_string(regs + 2) +
+                    ", 0; wgmma.mma_async.sync.aligned.m64n" + std::to_string(n) + "k16.f32." + t + "." + t + " {" + list +
+                    "}, %" + std::to_string(regs) + ", %" + std::to_string(regs + 1) + ", p, 1, 1, " +
+                    (o_.a_k_major ? "0" : "1") + ", " + (o_.b_k_major ? "0" : "1") + "; }\\n\"\n" + ind + "  : ";
+    for (int i = 0; i < regs; ++i) s += (i ? ", " : "") + std::string("\"+f\"(d[") + std::to_string(i) + "])";
+    return s + "\n" + ind + "  : \"l\"(da), \"l\"(db), \"r\"(1));\n";
+  }
+
+  GemmConfig c_;
+  GemmOperands o_;
+  DType d_;
+  GemmWriter w_;
+};
+
+}  // namespace kiln::codegen
