@@ -96,6 +96,16 @@ TEST_CASE("gemm config choice: tensor cores only where dtype, architecture and l
           CHECK(codegen::gemm_shared_bytes(c, {}) <= 227u * 1024);
         }
       }
+  // What max-autotune times: where wgmma fits, every wgmma config and the best-known mma config
+  // of each block tile; else every mma config.
+  auto tuned = codegen::gemm_tuning_candidates(problem(8192, 8192, 8192, DType::bf16, true, 90, true));
+  auto count = [](const std::vector<GemmConfig>& cs, GemmKind k) { return std::count_if(cs.begin(), cs.end(), [&](const GemmConfig& c) { return c.kind == k; }); };
+  CHECK(count(tuned, GemmKind::wgmma) == 4);
+  CHECK(count(tuned, GemmKind::mma) == 5);
+  auto no_tma = codegen::gemm_tuning_candidates(problem(8192, 8192, 8192, DType::bf16, true, 90));
+  CHECK(count(no_tma, GemmKind::wgmma) == 0);
+  CHECK(count(no_tma, GemmKind::mma) == 12);
+  CHECK(codegen::gemm_tuning_candidates(problem(64, 64, 64, DType::f32, true, 90)).size() == 3);
   // A forced tensor-core config on operands that cannot take it falls back to SIMT; a forced
   // wgmma on operands the copy engine cannot read, to mma.
   GemmConfig mma = codegen::gemm_candidates(DType::bf16, 80).front(), wgmma = codegen::gemm_candidates(DType::bf16, 90).front();
@@ -357,7 +367,11 @@ TEST_CASE_TEMPLATE("GPU GEMM against float64: odd sizes, partial K chunks, trans
 
 TEST_CASE_TEMPLATE("GPU GEMM: every candidate config, forced, against float64", DT, bf16, f32) {
   if (kiln::default_device() == kiln::cpu()) return;
-  for (const GemmConfig& c : codegen::gemm_candidates(DT::id, cuda_arch())) {
+  // NOTE: of the mma configs only the best-known of each block tile (what max-autotune times on
+  // an sm_90): every config is a compile of every case's kernel, seconds each.
+  GemmProblem any;
+  any.dtype = DT::id, any.arch = cuda_arch(), any.tensor_ok = any.tma_ok = true;
+  for (const GemmConfig& c : codegen::gemm_tuning_candidates(any)) {
     CAPTURE(c.str());
     int took = run_cases<DT>(c);
     if (c.kind == GemmKind::wgmma) CHECK(took >= 3);  // the cases the copy engine can read

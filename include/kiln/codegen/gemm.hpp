@@ -27,6 +27,7 @@
 // gemm_heuristic(problem) is the default mode's pick; gemm_chooser() is the hook
 // through which a tuner (or a test) forces a config.
 #pragma once
+#include <algorithm>
 #include <functional>
 #include <optional>
 #include <string>
@@ -112,6 +113,21 @@ inline std::vector<GemmConfig> gemm_candidates(DType d, int arch) {
   }
   if (d == DType::f64 || d == DType::i64) return {{K::simt, 64, 64, 16, 4, 4, 1}, {K::simt, 32, 32, 16, 2, 2, 1}};
   return {{K::simt, 128, 128, 8, 8, 8, 1}, {K::simt, 64, 64, 16, 4, 4, 1}, {K::simt, 32, 32, 16, 2, 2, 1}};
+}
+
+// What max-autotune times for this problem: the candidates that fit it; where wgmma
+// fits, of the mma configs only the best-known of each block tile (on an H200 every
+// mma config ran at half wgmma's speed or less: docs/benchmarks.md).
+inline std::vector<GemmConfig> gemm_tuning_candidates(const GemmProblem& p) {
+  std::vector<GemmConfig> all = gemm_candidates(p.dtype, p.tensor_ok ? p.arch : 0), out;
+  bool hopper = std::any_of(all.begin(), all.end(), [&](const GemmConfig& c) { return c.kind == GemmKind::wgmma && gemm_fits(c, p); });
+  for (const GemmConfig& c : all) {
+    if (!gemm_fits(c, p)) continue;
+    bool seen = std::any_of(out.begin(), out.end(), [&](const GemmConfig& o) { return o.kind == c.kind && o.bm == c.bm && o.bn == c.bn; });
+    if (hopper && c.kind == GemmKind::mma && seen) continue;
+    out.push_back(c);
+  }
+  return out;
 }
 
 // Blocks (output tiles) a config launches for this problem.

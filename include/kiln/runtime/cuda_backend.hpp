@@ -11,6 +11,9 @@
 // built once picks the GPU where one exists. What is CUDA's alone is the device
 // API policy below.
 #pragma once
+#include <atomic>
+#include <thread>
+
 #include "kiln/runtime/cublaslt.hpp"
 #include "kiln/runtime/cuda_runtime.hpp"
 #include "kiln/runtime/gpu_backend.hpp"
@@ -56,6 +59,25 @@ struct CudaDeviceApi : GpuDeviceApi<DeviceKind::cuda, codegen::GpuDialect::cuda>
     };
     encode(out.a, 0, v.gemm_ops.a_k_major, m, unsigned(v.gemm.bm));
     encode(out.b, 1, v.gemm_ops.b_k_major, n, unsigned(v.gemm.bn));
+  }
+
+  // NVRTC side by side, a thread per core (the tuner's candidates: codegen is serial, ptxas is not).
+  static void compile_ahead(const std::vector<std::pair<std::string, std::vector<std::string>>>& programs, cu::CudaDevice& dev) {
+    int cc = jit::nvrtc_machine_target(dev.properties().cc());
+    std::atomic<size_t> next{0};
+    auto work = [&] {
+      for (size_t i; (i = next++) < programs.size();) {
+        try {
+          jit::nvrtc_compile(programs[i].first, "kiln_tune", cc / 10, cc % 10, programs[i].second);
+        } catch (const std::exception&) {  // NOTE: the load reports it, with the candidate's name
+        }
+      }
+    };
+    size_t n = std::min<size_t>(programs.size(), std::max(1u, std::thread::hardware_concurrency()));
+    std::vector<std::thread> threads;
+    for (size_t t = 1; t < n; ++t) threads.emplace_back(work);
+    work();
+    for (auto& t : threads) t.join();
   }
 
   // cuBLASLt, one more max-autotune candidate where it computes a matmul kernel exactly.

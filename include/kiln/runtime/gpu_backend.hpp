@@ -307,6 +307,10 @@ struct GpuDeviceApi {
   static void tensor_maps(const KernelArgs&, const codegen::GpuVariant&, TensorMaps&) {
     throw Error("kiln: internal error: a wgmma GEMM on a device without the copy engine");
   }
+  // Compiles programs (source, options) into the disk cache ahead of their load, side by
+  // side where the API can; a failure is left for the load to report.
+  template <class Dev>
+  static void compile_ahead(const std::vector<std::pair<std::string, std::vector<std::string>>>&, Dev&) {}
 };
 
 // The backend of one GPU API: runs a bound plan on a device of Api::kind.
@@ -376,29 +380,43 @@ class GpuBackend final : public Backend {
   void tune_matmuls(const ir::Graph& g, CompiledPlan& cp, GpuCall& call, std::vector<uint8_t>& by_library, Device& dev, int arch) {
     const auto& props = dev.properties();
     const auto& kernels = cp.plan.kernels;
+    // This kernel alone, with config c: one small program per candidate.
+    auto candidate = [&](size_t k, const codegen::GemmConfig& c) {
+      codegen::GpuVariant v = call.vars[k];
+      v.gemm = c;
+      sched::Plan one;
+      one.kernels = {kernels[k]};
+      one.kernels[0].deps.clear();
+      return std::pair{one, v};
+    };
+    // NOTE: compiling the candidates is most of a tuning's time: every program of every
+    // key the database lacks is compiled first, side by side (Api::compile_ahead).
+    std::vector<std::pair<std::string, std::vector<std::string>>> ahead;
     for (size_t k = 0; k < kernels.size(); ++k) {
       if (kernels[k].kind != sched::KernelKind::matmul || call.args[k].work == 0) continue;
       codegen::GemmProblem p = gemm_problem(g, kernels[k], call.args[k], arch, props.sm_count);
-      std::vector<codegen::GemmConfig> configs;
-      for (const codegen::GemmConfig& c : codegen::gemm_candidates(p.dtype, p.tensor_ok ? p.arch : 0))
-        if (codegen::gemm_fits(c, p)) configs.push_back(c);
+      if (tune::db().find(tune_key(p, Api::library_gemm_applies(g, kernels[k], cp.layouts[k], call.args[k]), dev))) continue;
+      for (const codegen::GemmConfig& c : codegen::gemm_tuning_candidates(p)) {
+        auto [one, v] = candidate(k, c);
+        ahead.push_back({source(g, one, {v}, props.warp_size), codegen::gpu_compile_options({v})});
+      }
+    }
+    if (ahead.size() > 1) Api::compile_ahead(ahead, dev);
+    for (size_t k = 0; k < kernels.size(); ++k) {
+      if (kernels[k].kind != sched::KernelKind::matmul || call.args[k].work == 0) continue;
+      codegen::GemmProblem p = gemm_problem(g, kernels[k], call.args[k], arch, props.sm_count);
+      std::vector<codegen::GemmConfig> configs = codegen::gemm_tuning_candidates(p);
       std::vector<std::string> names;
       for (const auto& c : configs) names.push_back(c.str());
       bool library = Api::library_gemm_applies(g, kernels[k], cp.layouts[k], call.args[k]);
       if (library) names.push_back(Api::kLibraryGemm);
-      std::string layout = std::string(p.ops.a_k_major ? "ak" : "am") + (p.ops.b_k_major ? "bk" : "bn") +
-                           (p.tensor_ok ? "" : "-unaligned") + (p.tma_ok || !p.tensor_ok ? "" : "-notma") + (library ? "+" + std::string(Api::kLibraryGemm) : "");
-      tune::Key key{"matmul", tune::gemm_shape_class(p.batch, p.m, p.n, p.k), p.dtype, layout, Api::arch_name(dev)};
+      tune::Key key = tune_key(p, library, dev);
       std::string choice = tune::autotune(key, names, [&](const std::string& name) {
         if (name == Api::kLibraryGemm)
           return time_us(dev, [&] {
             if (!Api::library_gemm(g, kernels[k], cp.layouts[k], call.args[k], dev)) throw Error("no algorithm for it");
           });
-        codegen::GpuVariant v = call.vars[k];
-        v.gemm = configs[size_t(std::find(names.begin(), names.end(), name) - names.begin())];
-        sched::Plan one;  // this kernel alone: one small program per candidate
-        one.kernels = {kernels[k]};
-        one.kernels[0].deps.clear();
+        auto [one, v] = candidate(k, configs[size_t(std::find(names.begin(), names.end(), name) - names.begin())]);
         Function f = dev.load_module(source(g, one, {v}, props.warp_size), codegen::gpu_compile_options({v}), "kiln_tune")
                          .function("kiln_k0");
         std::vector<uint64_t> block;
@@ -417,6 +435,14 @@ class GpuBackend final : public Backend {
         if (c.str() == choice) call.vars[k].gemm = c;
     }
     call.key = variant_key(call.vars);
+  }
+  // The tuning database's key of a matmul: shape class, dtype, operand layout (and whether the
+  // tensor cores and the copy engine can read it), the vendor library's presence, the device.
+  static tune::Key tune_key(const codegen::GemmProblem& p, bool library, Device& dev) {
+    std::string layout = std::string(p.ops.a_k_major ? "ak" : "am") + (p.ops.b_k_major ? "bk" : "bn") +
+                         (p.tensor_ok ? "" : "-unaligned") + (p.tma_ok || !p.tensor_ok ? "" : "-notma") +
+                         (library ? "+" + std::string(Api::kLibraryGemm) : "");
+    return {"matmul", tune::gemm_shape_class(p.batch, p.m, p.n, p.k), p.dtype, layout, Api::arch_name(dev)};
   }
   // Mean microseconds of `launch` over a few runs after a warm-up, by the device's events.
   template <class F>
