@@ -3,7 +3,7 @@
 //
 // The GPU GEMM (codegen/gemm.hpp): the config choice and the layout/alignment facts
 // on the CPU; every candidate config compiling through NVRTC (sm_80, sm_90) and
-// hipRTC (gfx90a, gfx908, gfx1030); and on a GPU, the tensor-core and SIMT kernels
+// hipRTC (gfx90a, gfx908, gfx94x where it knows them: MFMA; gfx1030: SIMT); and on a GPU, the tensor-core and SIMT kernels
 // against the float64 reference over odd sizes, K not a multiple of the tile,
 // partial 16-byte chunks (K-sliced views), transposed operands read in place,
 // broadcast batches, every float dtype, each candidate config forced in turn; and a
@@ -45,6 +45,12 @@ Tensor<DT, R> det(Shape<R> s, uint64_t seed) {  // deterministic CPU tensor (for
 template <class... Es>
 GpuProgram cuda_program(int arch, const Es&... es) {
   return gpu_program<runtime::CudaBackend>(32, arch, 132, es...);
+}
+
+// What HipBackend::run builds on a device of this AMD target (132 compute units).
+template <class... Es>
+GpuProgram hip_program(const std::string& target, const Es&... es) {
+  return gpu_program<runtime::HipBackend>(runtime::hip_target_warp_size(target), codegen::gemm_amd_arch(target), 132, es...);
 }
 
 GemmProblem problem(int64_t m, int64_t n, int64_t k, DType d, bool ok, int arch, bool tma = false) {
@@ -96,6 +102,45 @@ TEST_CASE("gemm config choice: tensor cores only where dtype, architecture and l
           CHECK(codegen::gemm_shared_bytes(c, {}) <= 227u * 1024);
         }
       }
+  // AMD: MFMA on CDNA (gfx908, gfx90a, gfx94x) for bf16/f16, never on RDNA or for other dtypes.
+  CHECK(codegen::gemm_amd_arch("gfx90a:sramecc+:xnack-") == -0x90a);
+  CHECK(codegen::gemm_amd_arch("gfx1030") == -0x1030);
+  CHECK(codegen::gemm_amd_arch("sm_90") == 0);
+  CHECK(codegen::gemm_amd_arch("gfx9-generic") == 0);
+  for (const char* t : {"gfx908", "gfx90a", "gfx940", "gfx942", "gfx1030", "gfx1100", "gfx906"}) {
+    CAPTURE(t);
+    int arch = codegen::gemm_amd_arch(t);
+    bool cdna = std::string(t) == "gfx908" || std::string(t) == "gfx90a" || std::string(t).rfind("gfx94", 0) == 0;
+    CHECK(arch < 0);
+    CHECK(!codegen::gemm_has_mma(DType::bf16, arch));
+    for (DType d : {DType::bf16, DType::f16})
+      CHECK(codegen::gemm_heuristic(problem(4096, 4096, 4096, d, true, arch)).kind == (cdna ? GemmKind::mfma : GemmKind::simt));
+    CHECK(codegen::gemm_heuristic(problem(4096, 4096, 4096, DType::bf16, false, arch)).kind == GemmKind::simt);
+    CHECK(codegen::gemm_heuristic(problem(4096, 4096, 4096, DType::f32, true, arch)).kind == GemmKind::simt);
+    CHECK(codegen::gemm_tuning_candidates(problem(4096, 4096, 4096, DType::bf16, true, arch)).size() == (cdna ? 7u : 3u));
+    for (const GemmConfig& c : codegen::gemm_candidates(DType::bf16, arch)) {
+      CAPTURE(c.str());
+      CHECK(c.kind == (cdna ? GemmKind::mfma : GemmKind::simt));
+      CHECK(c.threads() <= 1024);
+      if (c.kind != GemmKind::mfma) continue;
+      CHECK(c.bm % c.wm == 0);
+      CHECK(c.bn % c.wn == 0);
+      CHECK(c.wm % 16 == 0);
+      CHECK(c.wn % 16 == 0);
+      CHECK(c.bk % 16 == 0);
+      CHECK(codegen::gemm_mfma_lds_bytes(c.bm, c.bn, c.bk) <= codegen::kGemmMfmaMaxLds);
+      CHECK(codegen::gemm_shared_bytes(c, {}) == 0);  // static LDS
+    }
+  }
+  {  // a forced MFMA config: taken on CDNA, SIMT where it cannot run
+    GemmConfig mfma = codegen::gemm_candidates(DType::f16, -0x90a).front();
+    REQUIRE(mfma.kind == GemmKind::mfma);
+    GemmHook force(mfma);
+    CHECK(codegen::gemm_choose(problem(100, 100, 100, DType::f16, true, -0x908)) == mfma);
+    CHECK(codegen::gemm_choose(problem(100, 100, 100, DType::f16, true, -0x1030)).kind == GemmKind::simt);
+    CHECK(codegen::gemm_choose(problem(100, 100, 100, DType::f16, true, 90)).kind == GemmKind::simt);
+    CHECK(codegen::gemm_choose(problem(100, 100, 100, DType::f16, false, -0x90a)).kind == GemmKind::simt);
+  }
   // What max-autotune times: where wgmma fits, every wgmma config and the best-known mma config
   // of each block tile; else every mma config.
   auto tuned = codegen::gemm_tuning_candidates(problem(8192, 8192, 8192, DType::bf16, true, 90, true));
@@ -237,27 +282,83 @@ TEST_CASE("gelu(x @ W1 + b1) is one tensor-core kernel on sm_80 and sm_90, and i
 
 TEST_SUITE("hiprtc") {
 
-TEST_CASE("the GEMM's SIMT configs compile through hipRTC for gfx90a, gfx908 and gfx1030") {
+// The targets of the hipRTC GEMM tests: this hipRTC must know the first three; the CDNA3 ones
+// (ROCm 5.2, Debian's, does not) are compiled where it does.
+bool hip_target_ready(const std::string& t) {
+  bool required = t == "gfx90a" || t == "gfx908" || t == "gfx1030";
+  if (jit::hiprtc_target_supported(t)) return true;
+  if (required) FAIL("hipRTC cannot compile for " << t);
+  MESSAGE(jit::hiprtc_version_string() << " does not know " << t << ": its GEMMs not compiled");
+  return false;
+}
+
+TEST_CASE("every GEMM candidate compiles through hipRTC: MFMA on gfx908, gfx90a, gfx94x; SIMT there and on gfx1030") {
   if (!jit::hiprtc_available()) {
     MESSAGE("hipRTC not found: skipped");
     return;
   }
-  auto a = det<bf16, 2>({64, 32}, 1), b = det<bf16, 2>({32, 64}, 2).transpose(0, 1).transpose(0, 1);
-  auto f = det<f32, 2>({33, 17}, 3), fb = det<f32, 2>({9, 17}, 4).transpose(0, 1);
-  auto d = det<f64, 2>({33, 17}, 5), db = det<f64, 2>({17, 9}, 6);
-  for (std::string arch : {"gfx90a", "gfx908", "gfx1030"}) {
-    CAPTURE(arch);
-    REQUIRE(jit::hiprtc_target_supported(arch));
-    int warp = runtime::hip_target_warp_size(arch);
-    for (const GemmConfig& c : codegen::gemm_candidates(DType::f32, 0)) {
+  // Two kernels cover each operand's two load paths: (A K-major, B N-major) bf16 and (A M-major, B K-major) f16.
+  auto a = det<bf16, 2>({64, 32}, 1), b = det<bf16, 2>({32, 64}, 2);
+  auto ht = det<f16, 2>({32, 64}, 3).transpose(0, 1), hbt = det<f16, 2>({64, 32}, 4).transpose(0, 1);
+  auto f = det<f32, 2>({33, 17}, 5), fb = det<f32, 2>({9, 17}, 6).transpose(0, 1);
+  auto d = det<f64, 2>({33, 17}, 7), db = det<f64, 2>({17, 9}, 8);
+  for (std::string target : {"gfx90a", "gfx908", "gfx940", "gfx942", "gfx1030"}) {
+    CAPTURE(target);
+    if (!hip_target_ready(target)) continue;
+    int arch = codegen::gemm_amd_arch(target);
+    bool cdna = target != "gfx1030";
+    // NOTE: every MFMA config on gfx90a; elsewhere (the same text but for the instruction the device
+    // helper picks) the heuristic's and the smallest. CI has two cores: few compiles.
+    std::vector<GemmConfig> mfma = codegen::gemm_candidates(DType::bf16, arch);
+    if (target != "gfx90a" && mfma.size() > 2) mfma = {mfma.front(), mfma.back()};
+    for (const GemmConfig& c : cdna ? mfma : std::vector<GemmConfig>{}) {
+      CAPTURE(c.str());
+      CHECK(c.kind == GemmKind::mfma);
+      GemmHook force(c);
+      GpuProgram p = hip_program(target, matmul(a, b), matmul(ht, hbt));
+      for (const auto& v : p.matmuls()) CHECK(v.gemm == c);
+      CHECK(p.src.find("kiln_mfma_bf16(af[i], bf[j]") != std::string::npos);
+      CHECK(p.src.find("kiln_mfma_f16(af[i], bf[j]") != std::string::npos);
+      CHECK(jit::detail::is_amdgpu_code_object(jit::hiprtc_compile(p.src, "kiln_gemm", target, {})));
+    }
+    for (const GemmConfig& c : codegen::gemm_candidates(DType::f32, arch)) {  // SIMT: every dtype it serves
       CAPTURE(c.str());
       GemmHook force(c);
-      std::string src = gpu_program<runtime::HipBackend>(warp, 0, 1, matmul(a, b), matmul(f, fb), matmul(d, db)).src;
-      CHECK(src.find("mma.sync") == std::string::npos);
-      std::string code = jit::hiprtc_compile(src, "kiln_gemm", arch, {});
-      CHECK(jit::detail::is_amdgpu_code_object(code));
+      GpuProgram p = hip_program(target, matmul(a, b), matmul(ht, hbt), matmul(f, fb), matmul(d, db));
+      for (const auto& v : p.matmuls()) CHECK(v.gemm == c);
+      CHECK(p.src.find("kiln_mfma") == std::string::npos);
+      CHECK(p.src.find("mma.sync") == std::string::npos);
+      CHECK(jit::detail::is_amdgpu_code_object(jit::hiprtc_compile(p.src, "kiln_gemm", target, {})));
     }
+    if (!cdna) CHECK(codegen::gemm_candidates(DType::bf16, arch) == codegen::gemm_candidates(DType::f32, arch));
   }
+}
+
+TEST_CASE("gelu(x @ W1 + b1) is one MFMA kernel on CDNA targets (the SIMT one on gfx1030), and it compiles") {
+  if (!jit::hiprtc_available()) {
+    MESSAGE("hipRTC not found: skipped");
+    return;
+  }
+  auto x = det<bf16, 2>({64, 32}, 1), w = det<bf16, 2>({48, 32}, 2).transpose(0, 1);
+  auto b = det<bf16, 1>({48}, 3);
+  for (std::string target : {"gfx90a", "gfx908", "gfx942", "gfx1030"}) {
+    CAPTURE(target);
+    if (!hip_target_ready(target)) continue;
+    GpuProgram p = hip_program(target, kiln::gelu(matmul(x, w) + b));
+    REQUIRE(p.kinds.size() == 1);
+    CHECK(p.kinds[0] == sched::KernelKind::matmul);
+    CHECK(p.vars[0].gemm.kind == (target == "gfx1030" ? GemmKind::simt : GemmKind::mfma));
+    CHECK(p.src.find("kiln_erf(") != std::string::npos);  // gelu evaluated at store time
+    CHECK(jit::detail::is_amdgpu_code_object(jit::hiprtc_compile(p.src, "kiln_gemm_epilogue", target, {})));
+  }
+  // An MFMA program compiled for RDNA says so (instead of hipRTC's own failure, or a crash on a builtin).
+  std::string message;
+  try {
+    jit::hiprtc_compile(hip_program("gfx90a", matmul(x, w)).src, "kiln_gemm_rdna", "gfx1030", {});
+  } catch (const CompileError& e) {
+    message = e.what();
+  }
+  CHECK(message.find("the MFMA GEMM needs a CDNA target") != std::string::npos);
 }
 
 }  // TEST_SUITE("hiprtc")

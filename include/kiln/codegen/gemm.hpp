@@ -9,7 +9,7 @@
 // with C[b, m, n] = sum_k A[b, m, k] B[b, k, n], one output tile per block,
 // blockIdx.z the batch (broadcast batch dims have stride 0).
 //
-// Three kinds:
+// Four kinds:
 //   wgmma bf16/f16 on sm_90 (built for sm_90a): codegen/gemm_sm90.hpp.
 //   mma   bf16/f16 on sm_80+: cp.async multi-stage pipeline into padded shared
 //         memory (rows padded by 16 bytes: ldmatrix and the copies meet no bank
@@ -17,6 +17,7 @@
 //         mma.sync m16n8k16 with f32 accumulators. Needs each operand contiguous
 //         along one of its two matrix dims and 16-byte aligned rows (the host
 //         checks; else simt). Ranges past M, N or K are zero-filled by the copies.
+//   mfma  bf16/f16 on AMD CDNA (gfx908, gfx90a, gfx94x), HIP: codegen/gemm_mfma.hpp.
 //   simt  any dtype, any strides, CUDA and HIP: register-tiled (TM x TN outputs
 //         per thread, strided so shared-memory reads and the stores are
 //         conflict-free and coalesced), accumulating in the compute type.
@@ -31,29 +32,31 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kiln/codegen/kernel.hpp"
 
 namespace kiln::codegen {
 
-enum class GemmKind : uint8_t { simt, mma, wgmma };
+enum class GemmKind : uint8_t { simt, mma, wgmma, mfma };
 
 // One GEMM variant's compile-time shape. mma: (bm/wm) x (bn/wn) warps, each
 // computing a wm x wn warp tile; simt: (bm/wm) x (bn/wn) threads, each a
 // wm x wn register tile; wgmma: a producer warpgroup and bm/wm consumer
-// warpgroups, each a wm x bn (= wn) slice of the tile. bk: K per pipeline step;
-// stages: the depth of the copy pipeline (cp.async or the copy engine).
+// warpgroups, each a wm x bn (= wn) slice of the tile; mfma: as mma, in
+// wavefronts of 64. bk: K per pipeline step; stages: the depth of the copy
+// pipeline (cp.async or the copy engine; mfma: 2, its LDS buffers).
 struct GemmConfig {
   GemmKind kind = GemmKind::simt;
   int bm = 64, bn = 64, bk = 16, wm = 4, wn = 4, stages = 2;
 
   int threads() const {
     if (kind == GemmKind::wgmma) return (bm / wm + 1) * 128;
-    return (bm / wm) * (bn / wn) * (kind == GemmKind::mma ? 32 : 1);
+    return (bm / wm) * (bn / wn) * (kind == GemmKind::mma ? 32 : kind == GemmKind::mfma ? 64 : 1);
   }
   std::string str() const {
-    static const char* names[] = {"simt", "mma", "wgmma"};
+    static const char* names[] = {"simt", "mma", "wgmma", "mfma"};
     return std::string(names[int(kind)]) + "_" + std::to_string(bm) + "x" + std::to_string(bn) +
            "x" + std::to_string(bk) + "_" + std::to_string(wm) + "x" + std::to_string(wn) + "_s" + std::to_string(stages);
   }
@@ -69,8 +72,9 @@ struct GemmOperands {
 };
 
 // What the config choice sees of one matmul call. arch: the NVIDIA compute
-// capability (80 for sm_80, 90 for sm_90), 0 for other GPUs. tensor_ok: the
-// operands meet the mma kind's layout and alignment needs; tma_ok: also the copy
+// capability (80 for sm_80, 90 for sm_90); an AMD target as gemm_amd_arch gives
+// it (negative); 0 for others. tensor_ok: the operands meet the mma and mfma
+// kinds' layout and alignment needs; tma_ok: also the copy
 // engine's (every row and batch stride a multiple of 16 bytes, at most one batch dim).
 struct GemmProblem {
   int64_t m = 0, n = 0, k = 0, batch = 1;
@@ -84,10 +88,30 @@ inline bool gemm_has_mma(DType d, int arch) { return arch >= 80 && (d == DType::
 // wgmma exists on sm_90 alone (sm_90a code does not run on later GPUs).
 inline bool gemm_has_wgmma(DType d, int arch) { return arch == 90 && (d == DType::bf16 || d == DType::f16); }
 
+// An AMD target in GemmProblem::arch: its gfx number read as hex, negated (gfx90a -> -0x90a,
+// gfx1030 -> -0x1030; the features after a ':' ignored), so that no NVIDIA test (arch >= 80)
+// holds for it. 0 for a name that is no gfx target.
+inline int gemm_amd_arch(std::string_view target) {
+  std::string_view t = target.substr(0, target.find(':'));
+  if (t.size() < 6 || t.size() > 8 || t.substr(0, 3) != "gfx") return 0;
+  int v = 0;
+  for (char ch : t.substr(3)) {
+    int digit = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
+    if (digit < 0) return 0;
+    v = v * 16 + digit;
+  }
+  return -v;
+}
+// CDNA's matrix cores (gfx908, gfx90a, gfx940-gfx942) for bf16/f16; RDNA has none of them.
+inline bool gemm_has_mfma(DType d, int arch) {
+  return (arch == -0x908 || arch == -0x90a || (arch <= -0x940 && arch >= -0x942)) && (d == DType::bf16 || d == DType::f16);
+}
+
 // Whether a config can compute this problem.
 inline bool gemm_fits(const GemmConfig& c, const GemmProblem& p) {
   if (c.kind == GemmKind::wgmma) return p.tma_ok && p.tensor_ok && gemm_has_wgmma(p.dtype, p.arch);
   if (c.kind == GemmKind::mma) return p.tensor_ok && gemm_has_mma(p.dtype, p.arch);
+  if (c.kind == GemmKind::mfma) return p.tensor_ok && gemm_has_mfma(p.dtype, p.arch);
   return true;
 }
 
@@ -111,6 +135,12 @@ inline std::vector<GemmConfig> gemm_candidates(DType d, int arch) {
     hopper.insert(hopper.end(), ampere.begin(), ampere.end());
     return hopper;
   }
+  // NOTE: not yet measured on an AMD GPU. 64x64 wavefront tiles, as the mma kind's warp tiles;
+  // LDS at most 64 KiB (gemm_mfma.hpp).
+  if (gemm_has_mfma(d, arch))
+    return {{K::mfma, 128, 128, 32, 64, 64, 2}, {K::mfma, 128, 128, 32, 32, 64, 2}, {K::mfma, 128, 128, 16, 64, 64, 2},
+            {K::mfma, 128, 64, 64, 64, 32, 2},  {K::mfma, 64, 128, 32, 32, 64, 2},  {K::mfma, 64, 64, 64, 32, 32, 2},
+            {K::mfma, 64, 64, 32, 32, 32, 2}};
   if (d == DType::f64 || d == DType::i64) return {{K::simt, 64, 64, 16, 4, 4, 1}, {K::simt, 32, 32, 16, 2, 2, 1}};
   return {{K::simt, 128, 128, 8, 8, 8, 1}, {K::simt, 64, 64, 16, 4, 4, 1}, {K::simt, 32, 32, 16, 2, 2, 1}};
 }
@@ -136,7 +166,7 @@ inline int64_t gemm_tiles(const GemmConfig& c, const GemmProblem& p) {
 }
 
 // The default mode's choice, no tuning: the largest block tile (wgmma's 128x256,
-// 128x128, then mma's 128x128, 64x128, 64x64) that still gives every SM a block
+// 128x128, then mma's or mfma's 128x128, 64x128, 64x64) that still gives every SM a block
 // (larger tiles re-read A and B less); else the smallest.
 inline GemmConfig gemm_heuristic(const GemmProblem& p) {
   auto all = gemm_candidates(p.dtype, p.tensor_ok ? p.arch : 0);
@@ -146,7 +176,8 @@ inline GemmConfig gemm_heuristic(const GemmProblem& p) {
     return all.back();
   };
   std::vector<GemmConfig> ladder = all;
-  if (all.front().kind != GemmKind::simt) ladder = {tile(GemmKind::mma, 128, 128), tile(GemmKind::mma, 64, 128), tile(GemmKind::mma, 64, 64)};
+  GemmKind tc = all.front().kind == GemmKind::mfma ? GemmKind::mfma : GemmKind::mma;  // the tiles below: mma's or mfma's
+  if (all.front().kind != GemmKind::simt) ladder = {tile(tc, 128, 128), tile(tc, 64, 128), tile(tc, 64, 64)};
   // NOTE: K of at least one pipeline step; below that the copy engine moves mostly zeros.
   if (all.front().kind == GemmKind::wgmma && gemm_fits(all.front(), p) && p.k >= 64)
     ladder.insert(ladder.begin(), {tile(GemmKind::wgmma, 128, 256), tile(GemmKind::wgmma, 128, 128)});

@@ -27,6 +27,7 @@
 #include <string>
 
 #include "kiln/codegen/device_files.hpp"
+#include "kiln/codegen/gemm_mfma.hpp"
 #include "kiln/codegen/gemm_sm90.hpp"
 #include "kiln/codegen/kernel.hpp"
 
@@ -379,6 +380,7 @@ class GpuKernelWriter {
     GemmStore store = [&](const std::string& row, const std::string& col, const std::string& v) { return ep.store(row, col, v, ""); };
     std::string prelude = ep.prelude("blockIdx.z", "__restrict__", "  ");
     if (v_.gemm.kind == GemmKind::wgmma) return WgmmaWriter(v_.gemm, v_.gemm_ops, ep.dtype(), store).body(prelude);
+    if (v_.gemm.kind == GemmKind::mfma) return MfmaWriter(v_.gemm, v_.gemm_ops, ep.dtype(), store).body(prelude);
     return GemmWriter(v_.gemm, v_.gemm_ops, ep.dtype(), store).body(prelude);
   }
 
@@ -398,6 +400,7 @@ inline std::string gpu_source(GpuDialect dialect, int warp_size, const ir::Graph
   };
   if (any(GemmKind::mma) || any(GemmKind::wgmma)) src += detail::read_device_file("gemm_mma.cuh");
   if (any(GemmKind::wgmma)) src += detail::read_device_file("gemm_wgmma.cuh");
+  if (any(GemmKind::mfma)) src += detail::read_device_file("gemm_mfma.cuh");
   for (size_t k = 0; k < plan.kernels.size(); ++k)
     src += "\n" + GpuKernelWriter(g, plan.kernels[k], int(k), variants[k]).write();
   return src;

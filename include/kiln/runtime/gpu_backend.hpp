@@ -136,8 +136,9 @@ inline bool one_pass_rows(const sched::Kernel& k) {
 }
 
 // Variant of one kernel for this call, for a device of `warp` lanes per warp
-// (wavefront), of NVIDIA compute capability `arch` (0: another vendor) with
-// `sm_count` multiprocessors (compute units).
+// (wavefront), of architecture `arch` (GemmProblem::arch: the NVIDIA compute
+// capability, or codegen::gemm_amd_arch of an AMD target) with `sm_count`
+// multiprocessors (compute units).
 inline codegen::GpuVariant gpu_variant(const ir::Graph& g, const sched::Kernel& k, const codegen::Layout& l,
                                        const KernelArgs& a, int warp, int arch = 0, int sm_count = 1) {
   codegen::GpuVariant v;
@@ -327,7 +328,9 @@ class GpuBackend final : public Backend {
     dev.make_current();
     const auto& props = dev.properties();
     const auto& kernels = cp.plan.kernels;
-    int arch = Api::dialect == codegen::GpuDialect::cuda ? props.cc_major * 10 + props.cc_minor : 0;
+    int arch = 0;
+    if constexpr (Api::dialect == codegen::GpuDialect::cuda) arch = props.cc_major * 10 + props.cc_minor;
+    else arch = codegen::gemm_amd_arch(Api::arch_name(dev));
     GpuCall call = gpu_call(g, cp, b, props.warp_size, arch, props.sm_count);
     std::vector<uint8_t> by_library(kernels.size(), 0);
     if (cp.mode == Mode::max_autotune) tune_matmuls(g, cp, call, by_library, dev, arch);

@@ -53,8 +53,9 @@ inline void precompile(const ir::Graph& g, const CompiledPlan& cp, const std::ve
       bool changed = false;
       for (size_t k = 0; k < cp.plan.kernels.size(); ++k) {
         const sched::Kernel& kernel = cp.plan.kernels[k];
-        // NOTE: an NVIDIA target gets its tensor-core GEMMs; 132 SMs (an H100/H200) for the config and split choices.
-        vars.push_back(gpu_variant(g, kernel, cp.layouts[k], args[k], warp, amd ? 0 : std::stoi(t.substr(3)), 132));
+        // NOTE: each target gets its tensor-core (mma, mfma) GEMMs; 132 SMs (an H100/H200) for the config and split choices.
+        int arch = amd ? codegen::gemm_amd_arch(t) : std::stoi(t.substr(3));
+        vars.push_back(gpu_variant(g, kernel, cp.layouts[k], args[k], warp, arch, 132));
         codegen::GpuVariant& v = vars.back();
         if (kernel.kind != sched::KernelKind::rows || pass == 0) continue;
         if (pass == 1) {

@@ -1,0 +1,208 @@
+// kiln — header-only C++20 tensor compiler.
+// SPDX-License-Identifier: Apache-2.0
+//
+// The MFMA GEMM (codegen/gemm_mfma.hpp) run on the CPU. No AMD GPU runs it here
+// (CI has none), so the kernel text MfmaWriter emits, with device/gemm_mfma.cuh,
+// is compiled by the host compiler against a model of one workgroup (a thread per
+// lane, a barrier for __syncthreads, LDS as statics the threads share) and of the
+// matrix instructions as the CDNA ISA lays out their operands over a wavefront:
+// lane l = x + 16 y holds A[x][KL y + i] and B[KL y + i][x] (KL = 4 K values per
+// lane, 2 for gfx908's bf16 16x16x8) and D[4 y + q][x]. The result must equal a
+// plain matmul exactly (small integers: every product and sum is exact in f32),
+// over odd M, N and K, K = 0, row pitches with NaN past K (the zero-fill),
+// transposed operands, each bf16/f16 instruction path and several tile configs.
+// What it cannot show: that the hardware agrees with the model, and speed.
+#include <cmath>
+#include <cstring>
+
+#include "../support/reference.hpp"
+
+using namespace kiln;
+using codegen::GemmConfig;
+using codegen::GemmKind;
+
+namespace {
+
+// The workgroup and instruction model the kernels compile against (C++17, GCC or Clang).
+constexpr const char* kModel = R"(
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+#define KILN_FN inline
+#define __shared__ static
+struct KilnDim3 { unsigned x = 0, y = 0, z = 0; };
+static thread_local KilnDim3 threadIdx, blockIdx;
+struct KilnBarrier {  // reusable, for n threads
+  std::mutex mu;
+  std::condition_variable cv;
+  int n = 0, waiting = 0;
+  unsigned long generation = 0;
+  void wait() {
+    std::unique_lock<std::mutex> lock(mu);
+    unsigned long g = generation;
+    if (++waiting == n) { waiting = 0; ++generation; cv.notify_all(); }
+    else cv.wait(lock, [&] { return generation != g; });
+  }
+};
+static KilnBarrier kiln_block_barrier, kiln_wave_barrier[16];
+#define __syncthreads() kiln_block_barrier.wait()
+typedef float kiln_f32x4 __attribute__((vector_size(16)));
+typedef short kiln_i16x4 __attribute__((vector_size(8)));
+typedef short kiln_i16x2 __attribute__((vector_size(4)));
+typedef _Float16 kiln_f16x4 __attribute__((vector_size(8)));
+static float kiln_wave_a[16][64][4], kiln_wave_b[16][64][4];
+// D = A B + C of one 16 x 16 x (4 KL) block, the operands as the lanes of this thread's wavefront hold them.
+template <int KL> kiln_f32x4 kiln_model_mfma(const float* a, const float* b, kiln_f32x4 c) {
+  const int wave = threadIdx.x / 64, lane = threadIdx.x % 64, x = lane % 16, y = lane / 16;
+  for (int i = 0; i < KL; ++i) kiln_wave_a[wave][lane][i] = a[i], kiln_wave_b[wave][lane][i] = b[i];
+  kiln_wave_barrier[wave].wait();
+  kiln_f32x4 d = c;
+  for (int q = 0; q < 4; ++q)
+    for (int k = 0; k < 4 * KL; ++k)  // A[4y + q][k] * B[k][x]
+      d[q] += kiln_wave_a[wave][4 * y + q + 16 * (k / KL)][k % KL] * kiln_wave_b[wave][x + 16 * (k / KL)][k % KL];
+  kiln_wave_barrier[wave].wait();
+  return d;
+}
+static float kiln_model_bf16(short s) { uint32_t u = uint32_t(uint16_t(s)) << 16; float f; std::memcpy(&f, &u, 4); return f; }
+template <int KL, class V> kiln_f32x4 kiln_model_bf16_mfma(V a, V b, kiln_f32x4 c, int, int, int) {
+  float fa[KL], fb[KL];
+  for (int i = 0; i < KL; ++i) fa[i] = kiln_model_bf16(a[i]), fb[i] = kiln_model_bf16(b[i]);
+  return kiln_model_mfma<KL>(fa, fb, c);
+}
+static kiln_f32x4 kiln_model_f16_mfma(kiln_f16x4 a, kiln_f16x4 b, kiln_f32x4 c, int, int, int) {
+  float fa[4], fb[4];
+  for (int i = 0; i < 4; ++i) fa[i] = (float)a[i], fb[i] = (float)b[i];
+  return kiln_model_mfma<4>(fa, fb, c);
+}
+#define __builtin_amdgcn_mfma_f32_16x16x16f16 kiln_model_f16_mfma
+#define __builtin_amdgcn_mfma_f32_16x16x16bf16_1k kiln_model_bf16_mfma<4, kiln_i16x4>
+#define __builtin_amdgcn_mfma_f32_16x16x8bf16 kiln_model_bf16_mfma<2, kiln_i16x2>
+// Runs a kernel over `blocks` workgroups of `threads` lanes, one workgroup at a time.
+static void kiln_launch(void (*kernel)(void* const*, const int64_t*), void* const* P, const int64_t* M, unsigned blocks,
+                        unsigned threads) {
+  kiln_block_barrier.n = int(threads);
+  for (auto& b : kiln_wave_barrier) b.n = 64;
+  std::vector<std::thread> lanes;
+  for (unsigned t = 0; t < threads; ++t)
+    lanes.emplace_back([=] {
+      threadIdx.x = t;
+      for (unsigned b = 0; b < blocks; ++b) {
+        blockIdx.x = b;
+        kernel(P, M);
+        kiln_block_barrier.wait();
+      }
+    });
+  for (auto& l : lanes) l.join();
+}
+)";
+
+// One kernel of the emulated program: its config, operand layouts and instruction path.
+struct Variant {
+  GemmConfig config;
+  bool a_k_major, b_k_major;
+  DType dtype;
+  bool gfx908;  // bf16 as two 16x16x8 (else 16x16x16bf16_1k)
+};
+
+std::string model_program(const std::vector<Variant>& vs) {
+  std::string helper = codegen::detail::read_device_file("gemm_mfma.cuh"), s = kModel;
+  s += "#pragma GCC optimize(\"O1\")\n";  // NOTE: compile time (CI has two cores); the runs are tiny
+  for (size_t i = 0; i < vs.size(); ++i) {
+    const Variant& v = vs[i];
+    std::string target = v.gfx908 ? "__gfx908__" : "__gfx90a__", n = std::to_string(i);
+    codegen::MfmaWriter w(v.config, {v.a_k_major, v.b_k_major}, v.dtype,
+                          [](const std::string& row, const std::string& col, const std::string& x) {
+                            return "((float*)P[2])[" + row + " * N + " + col + "] = " + x + ";";
+                          });
+    s += "namespace k" + n + " {\n#define " + target + " 1\n" + helper + "#undef " + target + "\n";
+    s += "static void kernel(void* const* P, const int64_t* M) {\n" + w.body() + "}\n}\n";
+    s += "extern \"C\" void kiln_run_" + n + "(void* const* P, const int64_t* M, unsigned blocks) { kiln_launch(k" + n +
+         "::kernel, P, M, blocks, " + std::to_string(v.config.threads()) + "); }\n";
+  }
+  return s;
+}
+
+uint16_t to_bits(double v, DType d) { return d == DType::bf16 ? float_to_bf16(float(v)) : float_to_f16(float(v)); }
+
+// A [rows, cols] operand with small integer values; `col_major`: stored transposed. Each stored row
+// holds `pad` more elements (NaN: a kernel that reads past the matrix poisons its result).
+struct Operand {
+  std::vector<double> value;  // [rows, cols], row-major
+  std::vector<uint16_t> bits;
+  int64_t row_stride, col_stride;
+};
+Operand operand(test::Rng& rng, int64_t rows, int64_t cols, bool col_major, int64_t pad, DType d) {
+  Operand o;
+  for (int64_t i = 0; i < rows * cols; ++i) o.value.push_back(double(rng.integer(-3, 3)));
+  int64_t outer = col_major ? cols : rows, inner = col_major ? rows : cols, pitch = inner + pad;
+  o.bits.assign(size_t(std::max<int64_t>(outer * pitch, 1)), to_bits(NAN, d));
+  o.row_stride = col_major ? 1 : pitch, o.col_stride = col_major ? pitch : 1;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) o.bits[size_t(r * o.row_stride + c * o.col_stride)] = to_bits(o.value[size_t(r * cols + c)], d);
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("MFMA GEMM kernel on a CPU model of CDNA wavefronts: equals a plain matmul (odd sizes, zero-fill, layouts, paths)") {
+  using K = GemmKind;
+  // Tiles: two waves along N with more lanes than B chunks; the heuristic's 128x128; one wave, BK 16.
+  std::vector<GemmConfig> configs = {{K::mfma, 64, 32, 32, 32, 16, 2}, codegen::gemm_candidates(DType::bf16, -0x90a).front(),
+                                     {K::mfma, 32, 64, 16, 32, 64, 2}};
+  REQUIRE(configs[1].kind == K::mfma);
+  // Every operand layout with every instruction path: (A K-major?, B K-major?, dtype, gfx908).
+  struct Path {
+    bool ak, bk;
+    DType d;
+    bool gfx908;
+  };
+  std::vector<Path> paths = {{true, false, DType::bf16, false}, {false, true, DType::bf16, true},
+                             {true, true, DType::f16, false},   {false, false, DType::f16, true}};
+  std::vector<Variant> vs;
+  for (const GemmConfig& c : configs)
+    for (const Path& p : paths) vs.push_back({c, p.ak, p.bk, p.d, p.gfx908});
+  auto module = jit::load_host_module(model_program(vs));
+
+  KILN_TEST_RNG(rng);
+  struct Size {
+    int64_t m, n, k;
+  };
+  for (Size sz : {Size{37, 45, 70}, Size{1, 20, 9}, Size{5, 7, 0}}) {
+    for (size_t i = 0; i < vs.size(); ++i) {
+      const Variant& v = vs[i];
+      CAPTURE(v.config.str());
+      CAPTURE(v.a_k_major);
+      CAPTURE(v.b_k_major);
+      CAPTURE(int(v.dtype));
+      CAPTURE(v.gfx908);
+      CAPTURE(sz.m);
+      CAPTURE(sz.n);
+      CAPTURE(sz.k);
+      // Row pitches rounded up to 16 bytes, plus 8: the last chunk of a row runs past the matrix into NaN.
+      auto pitch_pad = [](int64_t inner) { return (8 - inner % 8) % 8 + 8; };
+      Operand a = operand(rng, sz.m, sz.k, !v.a_k_major, pitch_pad(v.a_k_major ? sz.k : sz.m), v.dtype);
+      Operand b = operand(rng, sz.k, sz.n, v.b_k_major, pitch_pad(v.b_k_major ? sz.k : sz.n), v.dtype);
+      std::vector<float> c(size_t(sz.m * sz.n), NAN);
+      void* P[3] = {a.bits.data(), b.bits.data(), c.data()};
+      int64_t M[8] = {2, sz.k, sz.m, sz.n, a.row_stride, a.col_stride, b.row_stride, b.col_stride};
+      const GemmConfig& g = v.config;
+      unsigned blocks = unsigned(((sz.m + g.bm - 1) / g.bm) * ((sz.n + g.bn - 1) / g.bn));
+      auto run = reinterpret_cast<void (*)(void* const*, const int64_t*, unsigned)>(
+          module->symbol(("kiln_run_" + std::to_string(i)).c_str()));
+      run(P, M, blocks);
+      int64_t wrong = 0;
+      for (int64_t r = 0; r < sz.m; ++r)
+        for (int64_t col = 0; col < sz.n; ++col) {
+          double want = 0;
+          for (int64_t k = 0; k < sz.k; ++k) want += a.value[size_t(r * sz.k + k)] * b.value[size_t(k * sz.n + col)];
+          if (!(double(c[size_t(r * sz.n + col)]) == want)) {
+            if (wrong++ == 0) FAIL_CHECK("C[" << r << ", " << col << "] = " << c[size_t(r * sz.n + col)] << ", want " << want);
+          }
+        }
+      CHECK(wrong == 0);
+    }
+  }
+}
