@@ -5,7 +5,8 @@
 // never again on a hit (this process, after the memory layer is dropped, and a
 // second process that must tune nothing); a corrupt, truncated, foreign-format or
 // foreign-key entry is ignored and rewritten; processes tuning one key at once
-// leave one valid entry; shape classes; the counters (tunings, tune_db_hits).
+// leave one valid entry; shape classes; the counters (tunings, tune_db_hits); a
+// matmul's key names its fused epilogue.
 // Mode::max_autotune on the CPU uses the heuristic and matches fused mode.
 #include <sys/wait.h>
 #include <unistd.h>
@@ -42,7 +43,7 @@ struct ScratchCache {
 };
 
 tune::Key test_key(const std::string& tag) {
-  return {"matmul", tune::gemm_shape_class(1, 1000, 1024, 513), DType::bf16, "ak-bn+" + tag, "sm_90"};
+  return {"matmul", tune::gemm_shape_class(1, 1000, 1024, 513), DType::bf16, "ak-bn+" + tag, "sm_90", "0123456789ab"};
 }
 
 // A benchmark with fixed times per candidate that counts its calls.
@@ -179,6 +180,52 @@ TEST_CASE("tune db: shape classes; keys name op, dtype, layout, architecture and
   CHECK(a.text() != b.text());
   CHECK(a.text().find(std::string("kiln-") + tune::kKilnVersion) != std::string::npos);
   CHECK(tune::Db::path_of(a.text()) != tune::Db::path_of(b.text()));
+}
+
+namespace {
+// The tuning key of the one matmul kernel of `e` for an sm_90 GPU (bound on CPU buffers: no GPU needed).
+template <class E>
+tune::Key matmul_key(const E& e) {
+  ir::Graph g = ir::trace(e);
+  auto cp = runtime::plan_for(g, Mode::fused);
+  const auto& ks = cp->plan.kernels;
+  auto is_matmul = [](const sched::Kernel& k) { return k.kind == sched::KernelKind::matmul; };
+  REQUIRE(std::count_if(ks.begin(), ks.end(), is_matmul) == 1);
+  size_t k = size_t(std::find_if(ks.begin(), ks.end(), is_matmul) - ks.begin());
+  runtime::Bound bound = runtime::bind_buffers(g, cp->plan);
+  runtime::KernelArgs args = runtime::bind_kernel(g, ks[k], cp->layouts[k], bound);
+  return runtime::matmul_tune_key(g, ks[k], cp->layouts[k], runtime::gemm_problem(g, ks[k], args, 90, 132), "", "sm_90");
+}
+}  // namespace
+
+TEST_CASE("tune db: a matmul's key names its fused epilogue; one epilogue has one key wherever it sits") {
+  ScratchCache cache;
+  KILN_TEST_RNG(rng);
+  auto x = input<f32, 2>(rng, {37, 19}), w = input<f32, 2>(rng, {19, 45}), r = input<f32, 2>(rng, {37, 45});
+  auto b = input<f32, 1>(rng, {45});
+  auto mm = kiln::matmul(x.t, w.t);
+  std::vector<tune::Key> keys = {matmul_key(mm), matmul_key(mm + b.t), matmul_key(kiln::gelu(mm + b.t)), matmul_key(kiln::relu(mm + b.t)),
+                                 matmul_key(mm * 2.0f), matmul_key(mm + r.t), matmul_key(kiln::cast<bf16>(mm))};
+  for (size_t i = 0; i < keys.size(); ++i) {
+    INFO("key ", i, ": ", keys[i].text());
+    CHECK(keys[i].epilogue.size() == 12);
+    CHECK(keys[i].text().find(" ep-" + keys[i].epilogue + " ") != std::string::npos);
+    // same shape class, dtype, layout and architecture: only the epilogue tells them apart
+    CHECK((keys[i].shape == keys[0].shape && keys[i].dtype == keys[0].dtype && keys[i].layout == keys[0].layout));
+    for (size_t j = 0; j < i; ++j) CHECK_MESSAGE(keys[i].text() != keys[j].text(), "the same key as key ", j, ": ", keys[j].text());
+  }
+  // The same epilogue after a softmax kernel (the matmul elsewhere in its graph), and on other values.
+  auto x2 = input<f32, 2>(rng, {37, 19});
+  CHECK(matmul_key(kiln::gelu(kiln::matmul(kiln::softmax(x2.t, -1), w.t) + b.t)).text() == keys[2].text());
+  CHECK(matmul_key(kiln::gelu(kiln::matmul(x2.t, w.t) + b.t)).text() == keys[2].text());
+
+  // An entry stored under the key without its epilogue (before keys named it) is never read for it.
+  tune::Key old = keys[2];
+  old.epilogue.clear();
+  tune::db().store(old, {"mma_128x128", 5.0});
+  tune::db().clear_memory();
+  CHECK(tune::db().find(old));
+  CHECK(!tune::db().find(keys[2]));
 }
 
 TEST_CASE("max-autotune on the CPU: the heuristic, the fused plan, the same numbers") {

@@ -6,6 +6,7 @@
 // compute its values, written once from the primitive table. Dialects
 // (codegen/cpp.hpp, codegen/gpu.hpp) wrap these statements in their loops.
 #pragma once
+#include <cctype>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -174,6 +175,34 @@ class MatmulEpilogue {
                     bool unit_cols = false) const {
     std::vector<uint8_t> used;
     return emit_store(row, col, v, ind, unit_cols, used);
+  }
+  // What the epilogue computes per output element, as a short hex hash of its
+  // statements with the values renamed in order of first use (v3, v17 -> v0, v1) and
+  // the rank and size-1 dims of each tensor it reads or writes (a bias vector against a
+  // residual matrix): the same for one epilogue wherever its kernel sits in a graph,
+  // different when the ops, dtypes or operands differ. The tuning database keys a
+  // matmul on it (its cost depends on the epilogue).
+  std::string identity() const {
+    const std::string code = store("i", "j", "acc", "");
+    std::string canonical;
+    for (int i : store_slots()) {
+      const ir::Node& n = g_.nodes[size_t(l_.slots[size_t(i)].node)];
+      canonical += "slot " + std::to_string(i) + " rank " + std::to_string(n.rank) + " ones " + std::to_string(n.ones) + "\n";
+    }
+    std::unordered_map<std::string, std::string> renamed;
+    auto word = [&](size_t i) { return std::isalnum(static_cast<unsigned char>(code[i])) || code[i] == '_'; };
+    for (size_t i = 0; i < code.size();) {
+      size_t end = i + 1;
+      while (code[i] == 'v' && (i == 0 || !word(i - 1)) && end < code.size() && std::isdigit(static_cast<unsigned char>(code[end]))) ++end;
+      if (end > i + 1 && (end == code.size() || !word(end))) {
+        std::string fresh = "v" + std::to_string(renamed.size());
+        canonical += renamed.emplace(code.substr(i, end - i), fresh).first->second;
+      } else {
+        canonical.append(code, i, end - i);
+      }
+      i = end;
+    }
+    return Hasher().add(std::string_view(canonical)).digest().hex().substr(0, 12);
   }
   // The slots that store() reads or writes.
   std::vector<int> store_slots() const {

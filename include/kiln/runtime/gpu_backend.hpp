@@ -54,6 +54,17 @@ struct GpuLaunch {
   unsigned shared_bytes = 0;  // dynamic shared memory
 };
 
+// The tuning database's key of one matmul kernel: shape class, dtype, operand layout (and
+// whether the tensor cores and the copy engine can read it), whether `library` (the vendor
+// GEMM) is a candidate, the fused epilogue, the device's `arch`.
+inline tune::Key matmul_tune_key(const ir::Graph& g, const sched::Kernel& k, const codegen::Layout& l, const codegen::GemmProblem& p,
+                                 const std::string& library, const std::string& arch) {
+  std::string layout = std::string(p.ops.a_k_major ? "ak" : "am") + (p.ops.b_k_major ? "bk" : "bn") +
+                       (p.tensor_ok ? "" : "-unaligned") + (p.tma_ok || !p.tensor_ok ? "" : "-notma") +
+                       (library.empty() ? "" : "+" + library);
+  return {"matmul", tune::gemm_shape_class(p.batch, p.m, p.n, p.k), p.dtype, layout, arch, codegen::MatmulEpilogue(g, k, l).identity()};
+}
+
 // What the GEMM config choice sees of one matmul call (bind.hpp's matmul meta).
 // Tensor cores need each operand contiguous along one matrix dim, 16-byte aligned
 // at every row and batch start (a dim of size 1 has no rows to align).
@@ -398,7 +409,8 @@ class GpuBackend final : public Backend {
     for (size_t k = 0; k < kernels.size(); ++k) {
       if (kernels[k].kind != sched::KernelKind::matmul || call.args[k].work == 0) continue;
       codegen::GemmProblem p = gemm_problem(g, kernels[k], call.args[k], arch, props.sm_count);
-      if (tune::db().find(tune_key(p, Api::library_gemm_applies(g, kernels[k], cp.layouts[k], call.args[k]), dev))) continue;
+      bool library = Api::library_gemm_applies(g, kernels[k], cp.layouts[k], call.args[k]);
+      if (tune::db().find(matmul_tune_key(g, kernels[k], cp.layouts[k], p, library ? Api::kLibraryGemm : "", Api::arch_name(dev)))) continue;
       for (const codegen::GemmConfig& c : codegen::gemm_tuning_candidates(p)) {
         auto [one, v] = candidate(k, c);
         ahead.push_back({source(g, one, {v}, props.warp_size), codegen::gpu_compile_options({v})});
@@ -413,7 +425,7 @@ class GpuBackend final : public Backend {
       for (const auto& c : configs) names.push_back(c.str());
       bool library = Api::library_gemm_applies(g, kernels[k], cp.layouts[k], call.args[k]);
       if (library) names.push_back(Api::kLibraryGemm);
-      tune::Key key = tune_key(p, library, dev);
+      tune::Key key = matmul_tune_key(g, kernels[k], cp.layouts[k], p, library ? Api::kLibraryGemm : "", Api::arch_name(dev));
       std::string choice = tune::autotune(key, names, [&](const std::string& name) {
         if (name == Api::kLibraryGemm)
           return time_us(dev, [&] {
@@ -438,14 +450,6 @@ class GpuBackend final : public Backend {
         if (c.str() == choice) call.vars[k].gemm = c;
     }
     call.key = variant_key(call.vars);
-  }
-  // The tuning database's key of a matmul: shape class, dtype, operand layout (and whether the
-  // tensor cores and the copy engine can read it), the vendor library's presence, the device.
-  static tune::Key tune_key(const codegen::GemmProblem& p, bool library, Device& dev) {
-    std::string layout = std::string(p.ops.a_k_major ? "ak" : "am") + (p.ops.b_k_major ? "bk" : "bn") +
-                         (p.tensor_ok ? "" : "-unaligned") + (p.tma_ok || !p.tensor_ok ? "" : "-notma") +
-                         (library ? "+" + std::string(Api::kLibraryGemm) : "");
-    return {"matmul", tune::gemm_shape_class(p.batch, p.m, p.n, p.k), p.dtype, layout, Api::arch_name(dev)};
   }
   // Mean microseconds of `launch` over a few runs after a warm-up, by the device's events.
   template <class F>

@@ -2,7 +2,7 @@
 // SPDX-License-Identifier: Apache-2.0
 //
 // The tuning database. Takes a Key (op, shape class, dtype, operand layout,
-// architecture, kiln version) and gives the choice a tuning run stored for it;
+// fused epilogue, architecture, kiln version) and gives the choice a tuning run stored for it;
 // autotune() looks the key up and, only on a miss, benchmarks every candidate
 // once, stores the fastest and says so (KILN_LOG=tune: progress and tuning time).
 //
@@ -16,7 +16,9 @@
 // An entry that is corrupt, of another format, or for another key text (a hash
 // collision) is ignored with a warning on stderr; the next tuning overwrites it.
 // NOTE: the kiln version is part of every key: a new kiln never trusts an old
-// kiln's timings (its kernels may differ), without a format change.
+// kiln's timings (its kernels may differ), without a format change. Likewise a
+// key's fields: entries written before a matmul key named its fused epilogue
+// (ep-<hash>) have other key texts, so other files; they are never read.
 #pragma once
 #include <algorithm>
 #include <chrono>
@@ -43,8 +45,10 @@ struct Key {
   DType dtype = DType::f32;
   std::string layout;  // operand layout and epilogue, as the op defines it ("nt+bias")
   std::string arch;    // "sm_90", "gfx90a", "cpu"
+  std::string epilogue;  // what the kernel computes around the op (MatmulEpilogue::identity); "" for nothing
   std::string text() const {
-    return op + " " + shape + " " + std::string(info(dtype).name) + " " + layout + " " + arch + " kiln-" + kKilnVersion;
+    return op + " " + shape + " " + std::string(info(dtype).name) + " " + layout + (epilogue.empty() ? "" : " ep-" + epilogue) + " " +
+           arch + " kiln-" + kKilnVersion;
   }
 };
 
