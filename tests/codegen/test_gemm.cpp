@@ -225,7 +225,7 @@ TEST_CASE("every GEMM candidate config compiles for sm_80 and sm_90 (all four op
     }
     for (const GemmConfig& c : codegen::gemm_candidates(DType::f32, arch)) {  // SIMT: every dtype it serves
       GemmHook force(c);
-      jobs.push_back({arch, c, cuda_program(arch, matmul(f, fb), matmul(d, db), matmul(i, ib)).src});
+      jobs.push_back({arch, c, cuda_program(arch, matmul(f, fb), matmul(d, db), matmul(i, ib)).src, {}});
     }
   }
   // NOTE: one program per config and architecture, two compiles at a time (CI has two cores).
