@@ -479,6 +479,28 @@ TEST_CASE_TEMPLATE("GPU GEMM: every candidate config, forced, against float64", 
   }
 }
 
+TEST_CASE("GPU GEMM: the Hopper kernel over batches (both batched, one broadcast) and transposed batched operands") {
+  if (kiln::default_device() == kiln::cpu() || cuda_arch() != 90) return;
+  KILN_TEST_RNG(rng);
+  Values v{-2, 2};
+  Batch batch;
+  auto a = input<bf16, 3>(rng, {4, 130, 96}, Layout::contiguous, v), b = input<bf16, 3>(rng, {4, 96, 72}, Layout::transposed, v);
+  auto w = input<bf16, 2>(rng, {96, 200}, Layout::contiguous, v);
+  auto at = input<bf16, 3>(rng, {3, 64, 80}, Layout::transposed, v), one = input<bf16, 3>(rng, {1, 80, 136}, Layout::contiguous, v);
+  auto add = [&](const auto& x, const auto& y, const Array& xa, const Array& ya, const std::string& what) {
+    Array scale;
+    Array want = ref::matmul(xa, ya, &scale);
+    batch.check(kiln::matmul(x, y), want, tol<bf16>().scaled(2), what, scale);
+  };
+  add(a.t, b.t, a.a, b.a, "[4, 130, 96] @ transposed [4, 96, 72]");
+  add(a.t, w.t, a.a, w.a, "[4, 130, 96] @ [96, 200] (B broadcast)");
+  add(at.t, one.t, at.a, one.a, "transposed [3, 64, 80] @ [1, 80, 136] (B's batch of one broadcast)");
+  GemmHook hook(codegen::gemm_candidates(DType::bf16, 90).front());
+  batch.run();
+  REQUIRE(hook.seen.size() == 3);
+  for (const GemmProblem& p : hook.seen) CHECK(codegen::gemm_choose(p).kind == GemmKind::wgmma);
+}
+
 TEST_CASE_TEMPLATE("GPU GEMM epilogue: gelu(x @ W1 + b1) in the tensor-core kernel, one launch", DT, bf16, f16) {
   if (kiln::default_device() == kiln::cpu()) return;
   KILN_TEST_RNG(rng);
