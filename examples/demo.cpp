@@ -18,15 +18,21 @@ namespace fs = std::filesystem;
 auto mlp = [](const auto& x, const auto& w1, const auto& b1, const auto& g, const auto& beta, const auto& w2, const auto& b2) {
   return softmax(linear(gelu(layer_norm(linear(x, w1, b1), g, beta)), w2, b2), -1);
 };
-double ms(auto&& f, int runs = 7) {  // median of `runs` calls
-  std::vector<double> t;
-  for (int i = 0; i < runs; ++i) {
-    auto t0 = std::chrono::steady_clock::now();
-    f();
-    t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[size_t(runs / 2)];
+double ms(auto&& f) {  // one call
+  auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+// Medians of `runs` calls of f and of g, the calls alternating so that a busy machine's
+// load falls on both alike; three untimed calls of each first (kernel loading, first
+// touch of memory).
+std::pair<double, double> median_ms(auto&& f, auto&& g, int runs = 15) {
+  for (int i = 0; i < 3; ++i) f(), g();
+  std::vector<double> tf, tg;
+  for (int i = 0; i < runs; ++i) tf.push_back(ms(f)), tg.push_back(ms(g));
+  std::sort(tf.begin(), tf.end());
+  std::sort(tg.begin(), tg.end());
+  return {tf[size_t(runs / 2)], tg[size_t(runs / 2)]};
 }
 void show(const char* what, Counters a, Counters b) {
   std::printf("%-26s compiles: %lu, disk hits: %lu, memory hits: %lu\n", what, (unsigned long)(b.compiles - a.compiles),
@@ -44,7 +50,7 @@ int main() {
   auto model = compile(mlp), eager = compile(mlp, Mode::eager);
 
   Counters c0 = counters();
-  double first = ms([&] { model(x, w1, b1, g, beta, w2, b2); }, 1);
+  double first = ms([&] { model(x, w1, b1, g, beta, w2, b2); });
   Counters c1 = counters();
   Tensor<f32, 2> p = model(x, w1, b1, g, beta, w2, b2).to(cpu());  // host copy (if on a GPU) to print
   show("first call (JIT):", c0, c1);
@@ -64,8 +70,9 @@ int main() {
       std::printf("\nGenerated source (%s):\n%s\n", f.path().c_str(), src.substr(from, end - from).c_str());
   }
 
-  double t_fused = ms([&] { model(x, w1, b1, g, beta, w2, b2); }), t_eager = ms([&] { eager(x, w1, b1, g, beta, w2, b2); });
-  std::printf("compiled %.2f ms, eager %.2f ms (median of 7): eager / compiled = %.1fx; the first call took %.0f ms\n",
+  auto [t_fused, t_eager] =
+      median_ms([&] { model(x, w1, b1, g, beta, w2, b2); }, [&] { eager(x, w1, b1, g, beta, w2, b2); });
+  std::printf("compiled %.2f ms, eager %.2f ms (medians of 15 alternating calls): eager / compiled = %.1fx; the first call took %.0f ms\n",
               t_fused, t_eager, t_eager / t_fused, first);
   std::printf("p[0, :3] = %.4f %.4f %.4f, row sum %.4f\n", p(0, 0), p(0, 1), p(0, 2), Tensor<f32, 1>(sum(p, 1))(0));
   show("\nthis run, every kernel:", Counters{}, counters());

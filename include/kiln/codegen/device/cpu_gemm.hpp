@@ -162,6 +162,12 @@ struct KilnGemm {
 #pragma omp simd
         for (int j = 0; j < NR; ++j) dst[k * NR + j] = kiln_gemm_widen<W, Acc>(row[j]);
       }
+    } else if (nr == NR) {  // B read through a transposed view: vector gathers, no per-element test
+      for (int64_t k = 0; k < K; ++k) {
+        const T* col = src + k * sbk + j0 * sbn;
+#pragma omp simd
+        for (int j = 0; j < NR; ++j) dst[k * NR + j] = kiln_gemm_widen<W, Acc>(col[j * sbn]);
+      }
     } else {
       for (int64_t k = 0; k < K; ++k)
         for (int j = 0; j < NR; ++j) dst[k * NR + j] = j < nr ? kiln_gemm_widen<W, Acc>(src[k * sbk + (j0 + j) * sbn]) : Acc(0);
