@@ -8,6 +8,8 @@
 // Prints a table; with a path, writes JSON lines there (bench/compare_torch.py sets
 // them beside torch_anchor.py's results); --sweep also times the rows workloads at
 // each block size of block-per-row kernels.
+// KILN_BENCH_ONLY=gemm, w4 or rows runs that part alone (rows: the copy ceiling, W1, W2,
+// W3, W8 and split rows, and the sweeps); KILN_BENCH_ROW=W2 (W1, W3, W8, split) one row.
 #include <kiln/kiln.hpp>
 
 #include "w4.hpp"
@@ -242,6 +244,26 @@ static std::string w4_step_bench() {
   return buf;
 }
 
+static void write_rows(const char* path, double floor_us, double plus_one_us, double w7_us, double w7_eager_us,
+                       const std::string& w4_json) {
+  std::ofstream out(path);
+  out << "{\"type\":\"ceiling\",\"copy_gbs\":" << copy_gbs;
+  if (floor_us > 0) out << ",\"launch_floor_us\":" << floor_us << ",\"compiled_plus_one_us\":" << plus_one_us;  // not in a rows-only run
+  out << "}\n";
+  for (const Row& r : rows)
+    out << "{\"type\":\"kiln\",\"name\":\"" << r.name << "\",\"fused_ms\":" << r.fused_ms << ",\"eager_ms\":" << r.eager_ms
+        << ",\"bytes\":" << r.bytes << ",\"rel_err\":" << r.err << ",\"kernels\":" << r.kernels << "}\n";
+  if (w7_us > 0) out << "{\"type\":\"kiln\",\"name\":\"W7 small MLP f32\",\"fused_us\":" << w7_us << ",\"eager_us\":" << w7_eager_us << "}\n";
+  write_gemm_rows(out);
+  out << w4_json;
+}
+
+// KILN_BENCH_ROW=text: only the rows whose name holds it (a profiler run of one kernel).
+static bool wanted(const char* name) {
+  const char* only = std::getenv("KILN_BENCH_ROW");
+  return !only || std::string(name).find(only) != std::string::npos;
+}
+
 static void report(const Row& r) {
   rows.push_back(r);
   double gbs = r.bytes / r.fused_ms / 1e6;
@@ -270,7 +292,9 @@ int main(int argc, char** argv) {
   if (all || std::string(only) == "gemm") gemm_benches();
   // KILN_BENCH_ONLY=w4: the W4 training step alone.
   std::string w4_only = !all && std::string(only) == "w4" ? w4_step_bench() : "";
-  if (!all) {
+  // KILN_BENCH_ONLY=rows: the copy ceiling and the memory-bound rows (W1, W2, W3, W8, split rows; --sweep too).
+  bool rows_only = !all && std::string(only) == "rows";
+  if (!all && !rows_only) {
     if (jsonl) {
       std::ofstream out(jsonl);
       write_gemm_rows(out);
@@ -287,7 +311,7 @@ int main(int argc, char** argv) {
     std::printf("ceiling: device copy %.0f GB/s\n", copy_gbs);
   }
 
-  {  // W1: y = gelu(x*a+b) * sigmoid(x), f32, 2^26
+  if (wanted("W1")) {  // W1: y = gelu(x*a+b) * sigmoid(x), f32, 2^26
     int64_t n = int64_t(1) << 26;
     Tensor<f32, 1> x = randn<f32>(Shape<1>{n}, 1), a = randn<f32>(Shape<1>{n}, 2), b = randn<f32>(Shape<1>{n}, 3);
     auto f = [&] { return gelu(x * a + b) * sigmoid(x); };
@@ -302,7 +326,7 @@ int main(int argc, char** argv) {
             4.0 * n * 4, max_rel(yv, ref), kernel_count(Mode::fused, f())});
   }
   auto check_rows = [](const std::vector<double>& got, const std::vector<double>& ref) { return max_rel(got, ref); };
-  {  // W2: softmax over the last dim, f32 [8192, 8192]
+  if (wanted("W2")) {  // W2: softmax over the last dim, f32 [8192, 8192]
     int64_t R = 8192, C = 8192;
     Tensor<f32, 2> x = randn<f32>(Shape<2>{R, C}, 4);
     Tensor<f32, 2> y = softmax(x, -1);
@@ -318,7 +342,7 @@ int main(int argc, char** argv) {
             time_ms([&] { auto o = eval_eager(softmax(x, -1)); }), 2.0 * R * C * 4, check_rows(ys, ref),
             kernel_count(Mode::fused, softmax(x, -1))});
   }
-  {  // W3: layer norm with weight and bias, bf16 [16384, 4096], eps 1e-5
+  if (wanted("W3")) {  // W3: layer norm with weight and bias, bf16 [16384, 4096], eps 1e-5
     int64_t R = 16384, C = 4096;
     Tensor<bf16, 2> x = cast<bf16>(randn<f32>(Shape<2>{R, C}, 5));
     Tensor<bf16, 1> w = cast<bf16>(randn<f32>(Shape<1>{C}, 6)), b = cast<bf16>(randn<f32>(Shape<1>{C}, 7));
@@ -337,7 +361,7 @@ int main(int argc, char** argv) {
             time_ms([&] { auto o = eval_eager(layer_norm(x, w, b, 1e-5)); }), 2.0 * R * C * 2 + 2.0 * C * 2,
             check_rows(ys, ref), kernel_count(Mode::fused, layer_norm(x, w, b, 1e-5))});
   }
-  {  // W8: sum, var_mean, and both in one function over the last dim, f32 [32768, 4096]
+  if (wanted("W8")) {  // W8: sum, var_mean, and both in one function over the last dim, f32 [32768, 4096]
     int64_t R = 32768, C = 4096;
     Tensor<f32, 2> x = randn<f32>(Shape<2>{R, C}, 8);
     auto [v, m] = eval(var_mean(x, -1));
@@ -361,7 +385,7 @@ int main(int argc, char** argv) {
     report({"W8 sum+var_mean f32", time_ms([&] { auto o = eval(both()); }), time_ms([&] { auto o = eval_eager(both()); }),
             bytes + R * 12.0, 0, 0});
   }
-  {  // few long rows: sum over [4, 2^24] f32, split rows (several blocks per row, partials combined)
+  if (wanted("split")) {  // few long rows: sum over [4, 2^24] f32, split rows (several blocks per row, partials combined)
     int64_t R = 4, C = int64_t(1) << 24;
     Tensor<f32, 2> x = randn<f32>(Shape<2>{R, C}, 17);
     Tensor<f32, 1> s = sum(x, -1);
@@ -379,7 +403,7 @@ int main(int argc, char** argv) {
     Tensor<bf16, 1> w = cast<bf16>(randn<f32>(Shape<1>{C3}, 6)), b = cast<bf16>(randn<f32>(Shape<1>{C3}, 7));
     std::printf("sweep: %% of copy by block size of block rows (0: kiln's choice)\n%-8s %8s %8s %8s %8s\n", "threads", "W2", "W3",
                 "W8 sum", "W8 vm");
-    for (int t : {0, 128, 256, 512, 1024}) {
+    for (int t : {0, 64, 128, 256, 512, 1024}) {
       runtime::gpu_block_rows_threads() = t;
       auto pct = [&](double bytes, double ms) { return 100.0 * bytes / ms / 1e6 / copy_gbs; };
       double w2 = pct(2.0 * 8192 * C2 * 4, time_ms([&] { Tensor<f32, 2> o = softmax(x2, -1); }));
@@ -400,6 +424,10 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
     runtime::gpu_pointwise_blocks_per_sm() = 0;
+  }
+  if (rows_only) {
+    if (jsonl) write_rows(jsonl, 0, 0, 0, 0, "");
+    return 0;
   }
   std::string w4_json = w4_step_bench();
   double floor_us = 0, plus_one_us = 0, w7_us = 0, w7_eager_us = 0;
@@ -425,17 +453,7 @@ int main(int argc, char** argv) {
     std::printf("W7 small MLP f32            fused %.1f us/call  eager %.1f us/call  kernels %zu\n", w7_us, w7_eager_us,
                 kernel_count(Mode::fused, mlp()));
   }
-  if (jsonl) {
-    std::ofstream out(jsonl);
-    out << "{\"type\":\"ceiling\",\"copy_gbs\":" << copy_gbs << ",\"launch_floor_us\":" << floor_us
-        << ",\"compiled_plus_one_us\":" << plus_one_us << "}\n";
-    for (const Row& r : rows)
-      out << "{\"type\":\"kiln\",\"name\":\"" << r.name << "\",\"fused_ms\":" << r.fused_ms << ",\"eager_ms\":" << r.eager_ms
-          << ",\"bytes\":" << r.bytes << ",\"rel_err\":" << r.err << ",\"kernels\":" << r.kernels << "}\n";
-    out << "{\"type\":\"kiln\",\"name\":\"W7 small MLP f32\",\"fused_us\":" << w7_us << ",\"eager_us\":" << w7_eager_us << "}\n";
-    write_gemm_rows(out);
-    out << w4_json;
-  }
+  if (jsonl) write_rows(jsonl, floor_us, plus_one_us, w7_us, w7_eager_us, w4_json);
   auto c = counters();
   std::printf("counters: compiles %llu, memory hits %llu, disk hits %llu, kernels launched %llu\n",
               (unsigned long long)c.compiles, (unsigned long long)c.memory_hits, (unsigned long long)c.disk_hits,

@@ -348,7 +348,7 @@ TEST_CASE("the wavefront size is in the HIP text, and a program for the wrong on
   // Rows of 1536: a wavefront per row where 64 lanes cover it in 32 steps, a block per row on wave32.
   CHECK(wave64.find("= kiln_group_reduce<64>(") != std::string::npos);
   CHECK(wave32.find("= kiln_group_reduce<") == std::string::npos);
-  CHECK(wave32.find("kiln_block_reduce(") != std::string::npos);
+  CHECK(wave32.find("kiln_block_reduce<") != std::string::npos);
   std::string what;
   try {
     jit::hiprtc_compile(wave64, "kiln_plan_wrong_wave", "gfx1030", {});

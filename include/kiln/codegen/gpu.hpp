@@ -12,7 +12,9 @@
 // Variants (chosen per call by the host, each its own compiled program):
 //   strides  how each slot walks the innermost dim (0, 1, or a run-time value);
 //   vec      V > 0: every slot is contiguous or broadcast along a single
-//            innermost dim and 16-byte aligned: V elements per 16-byte access;
+//            innermost dim and 16-byte aligned: V elements per 16-byte access
+//            (rows: each pass loads only the slots it reads, and a loop over a
+//            row issues a batch of loads before it uses any);
 //   group    rows kernels: lanes per row, a power of two up to the warp (short
 //            rows: a warp per row, or several rows per warp); 0: a block per row;
 //   persist  block rows whose row fits: each thread loads its P chunks once,
@@ -24,6 +26,7 @@
 //   gemm     matmul kernels: the GEMM config and operand layouts (codegen/gemm.hpp).
 #pragma once
 #include <algorithm>
+#include <functional>
 #include <string>
 
 #include "kiln/codegen/device_files.hpp"
@@ -106,7 +109,10 @@ class GpuKernelWriter {
                       const std::string& ind) const {
     std::string s;
     for (size_t i = 0; i < l_.slots.size(); ++i) s += ind + "int64_t " + prefix + std::to_string(i) + " = 0;\n";
-    s += ind + "{ int64_t rr = " + var + "; for (int d = " + d1 + " - 1; d >= " + d0 + "; --d) { const int64_t ix = rr % sz[d]; rr /= sz[d];";
+    // NOTE: var < the product of the sizes, so the outermost dim's index is what is left: no
+    // 64-bit division there (none at all for one outer dim, the common rows case).
+    s += ind + "{ int64_t rr = " + var + "; for (int d = " + d1 + " - 1; d >= " + d0 + "; --d) { const int64_t rq = d > " + d0 +
+         " ? rr / sz[d] : 0, ix = rr - rq * sz[d]; rr = rq;";
     for (size_t i = 0; i < l_.slots.size(); ++i) s += " " + prefix + std::to_string(i) + " += ix * st[" + std::to_string(i) + " * nd + d];";
     return s + " } }\n";
   }
@@ -138,10 +144,21 @@ class GpuKernelWriter {
     return "(q" + si + " + j * s" + si + ")";
   }
   // Vector access: element u of the V-wide chunk (unit slots from a register array, broadcast ones as scalars).
-  std::string vload(int i) const {
+  std::string vload(int i) {
     std::string si = std::to_string(i);
-    return v_.strides[size_t(i)] == Stride::zero ? to_compute(slot_dtype(i), "q" + si + "[0]")
-                                                 : to_compute(slot_dtype(i), "L" + si + (kept(i) ? "[k][u]" : "[u]"));
+    if (v_.strides[size_t(i)] == Stride::zero) return to_compute(slot_dtype(i), "q" + si + "[0]");
+    used_[size_t(i)] = 1;
+    return to_compute(slot_dtype(i), "L" + si + (kept(i) || batched_ ? "[k][u]" : "[u]"));
+  }
+  // The 16-byte loads of the V-chunk at j for the slots the statements just generated read
+  // (none where the chunk is already in registers: kept rows, batched chunks).
+  std::string chunk_loads(const std::string& ind) const {
+    std::string s, V = std::to_string(v_.vec);
+    for (size_t i = 0; i < l_.slots.size(); ++i)
+      if (used_[i] && !kept(int(i)) && !batched_)
+        s += ind + "alignas(16) " + stype(int(i)) + " L" + std::to_string(i) + "[" + V + "];\n" + ind + "kiln_load_vec<" + V + ">(L" +
+             std::to_string(i) + ", q" + std::to_string(i) + " + j);\n";
+    return s;
   }
   std::string vindex(int i) const {
     std::string si = std::to_string(i);
@@ -168,17 +185,14 @@ class GpuKernelWriter {
       return s;
     }
     std::string V = std::to_string(v_.vec), s;
-    for (size_t i = 0; i < l_.slots.size(); ++i) {
-      std::string si = std::to_string(i);
-      if (l_.slots[i].role == SlotRole::load && v_.strides[i] == Stride::unit && !kept(int(i)))
-        s += ind + "alignas(16) " + stype(int(i)) + " L" + si + "[" + V + "];\n" + ind + "kiln_load_vec<" + V + ">(L" + si + ", q" + si + " + j);\n";
-      if (l_.slots[i].role == SlotRole::store && pred(size_t(l_.slots[i].store))) s += ind + "alignas(16) " + stype(int(i)) + " O" + si + "[" + V + "];\n";
-    }
+    for (size_t i = 0; i < l_.slots.size(); ++i)
+      if (l_.slots[i].role == SlotRole::store && pred(size_t(l_.slots[i].store)))
+        s += ind + "alignas(16) " + stype(int(i)) + " O" + std::to_string(i) + "[" + V + "];\n";
     auto saved = ve.save();
-    s += ind + "#pragma unroll\n" + ind + "for (int u = 0; u < " + V + "; ++u) {\n";
-    s += stores_where(ve, ind + "  ", pred, [&](int i) { return vload(i); }, [&](int i) { return vindex(i); },
-                      [&](int i, const std::string& v) { return "O" + std::to_string(i) + "[u] = " + v; });
-    s += ind + "}\n";
+    used_.assign(l_.slots.size(), 0);
+    std::string body = stores_where(ve, ind + "  ", pred, [&](int i) { return vload(i); }, [&](int i) { return vindex(i); },
+                                    [&](int i, const std::string& v) { return "O" + std::to_string(i) + "[u] = " + v; });
+    s = chunk_loads(ind) + s + ind + "#pragma unroll\n" + ind + "for (int u = 0; u < " + V + "; ++u) {\n" + body + ind + "}\n";
     ve.restore(saved);
     for (size_t i = 0; i < l_.slots.size(); ++i)
       if (l_.slots[i].role == SlotRole::store && pred(size_t(l_.slots[i].store)))
@@ -235,6 +249,7 @@ class GpuKernelWriter {
   std::string rows() {
     find_kept();
     ValueEmitter ve(g_, k_, l_);
+    ve.reciprocal_of_row_values();
     int passes = 0;
     for (int lvl : k_.reduce_level) passes = std::max(passes, lvl + 1);
     std::string s;
@@ -269,17 +284,37 @@ class GpuKernelWriter {
              ";\n    if (j < inner) kiln_load_vec<" + V + ">(L" + si + "[k], q" + si + " + j);\n  }\n";
       }
     }
-    // The loop over one row's elements; the body sees q<i> and j.
-    auto row_loop = [&](const std::string& body_scalar, const std::string& body_vec) {
+    // The loop over one row's elements; the body sees q<i> and j. vec_body() gives the
+    // statements for the V-chunk at j (batched_: for chunk k of a batch already loaded).
+    auto row_loop = [&](const std::string& body_scalar, const std::function<std::string()>& vec_body) {
       std::string t;
       if (v_.persist) {  // the row's chunks are in registers: L<i>[k]
         t += "#pragma unroll\n    for (int k = 0; k < " + std::to_string(v_.persist) + "; ++k) {\n";
         t += "      const int64_t j = ((int64_t)lane + (int64_t)k * gsize) * " + V + ";\n";
-        t += "      if (j < inner) {\n" + body_vec + "      }\n    }\n";
+        t += "      if (j < inner) {\n" + vec_body() + "      }\n    }\n";
       } else if (v_.vec) {  // single inner dim (hi == inner), contiguous, aligned: V-wide steps, scalar tail
         t += bases("    ", "o#");
-        t += "#pragma unroll 4\n    for (int64_t j = lo + (int64_t)lane * " + V + "; j < hi; j += (int64_t)gsize * " + V + ") {\n";
-        t += "      if (j + " + V + " <= hi) {\n" + body_vec + "      } else {\n";
+        t += "    const int64_t step = (int64_t)gsize * " + V + ";\n    int64_t j0 = lo + (int64_t)lane * " + V + ";\n";
+        // Batches of U chunks per lane, every load of a batch issued before any is used (a
+        // load per iteration leaves one 16-byte load in flight per thread); U chunks of all the
+        // slots read stay under four, to keep registers for occupancy.
+        batched_ = true;
+        std::string batch = vec_body();
+        batched_ = false;
+        int nread = int(std::count(used_.begin(), used_.end(), uint8_t(1))), U = nread ? std::max(1, 4 / nread) : 1;
+        if (U > 1) {
+          std::string Us = std::to_string(U);
+          t += "    for (; j0 + " + std::to_string(U - 1) + " * step + " + V + " <= hi; j0 += " + Us + " * step) {\n";
+          for (size_t i = 0; i < l_.slots.size(); ++i) {
+            if (!used_[i]) continue;
+            std::string si = std::to_string(i);
+            t += "      alignas(16) " + stype(int(i)) + " L" + si + "[" + Us + "][" + V + "];\n";
+            t += "#pragma unroll\n      for (int k = 0; k < " + Us + "; ++k) kiln_load_vec<" + V + ">(L" + si + "[k], q" + si + " + j0 + k * step);\n";
+          }
+          t += "#pragma unroll\n      for (int k = 0; k < " + Us + "; ++k) {\n        const int64_t j = j0 + k * step;\n" + batch + "      }\n    }\n";
+        }
+        t += std::string(U > 1 ? "" : "#pragma unroll 4\n") + "    for (int64_t j = j0; j < hi; j += step) {\n";
+        t += "      if (j + " + V + " <= hi) {\n" + vec_body() + "      } else {\n";
         t += "        for (int64_t jj = j; jj < hi; ++jj) {\n          const int64_t j = jj;\n" + body_scalar + "        }\n      }\n    }\n";
       } else {
         t += "    for (int64_t c = lo + lane; c < hi; c += gsize) {\n";
@@ -312,14 +347,11 @@ class GpuKernelWriter {
         const ir::Node& n = g_.nodes[size_t(id)];
         s += "  " + compute_type(n.dtype) + " a" + std::to_string(id) + " = " + ident(n) + ";\n";
       }
-      std::string vec_body;
-      if (v_.vec) {
-        for (size_t i = 0; i < l_.slots.size(); ++i)
-          if (l_.slots[i].role == SlotRole::load && v_.strides[i] == Stride::unit && !kept(int(i)))
-            vec_body += "        alignas(16) " + stype(int(i)) + " L" + std::to_string(i) + "[" + V + "];\n        kiln_load_vec<" + V + ">(L" +
-                        std::to_string(i) + ", q" + std::to_string(i) + " + j);\n";
-        vec_body += "#pragma unroll\n        for (int u = 0; u < " + V + "; ++u) {\n" + upd("          ", true) + "        }\n";
-      }
+      auto vec_body = [&] {
+        used_.assign(l_.slots.size(), 0);
+        std::string u = "#pragma unroll\n        for (int u = 0; u < " + V + "; ++u) {\n" + upd("          ", true) + "        }\n";
+        return chunk_loads("        ") + u;
+      };
       s += "  {\n" + row_loop(upd(v_.vec ? "          " : "      ", false), vec_body) + "  }\n";
       for (size_t i : mine) {
         int id = k_.reduces[i];
@@ -327,7 +359,7 @@ class GpuKernelWriter {
         std::string a = "a" + std::to_string(id);
         s += "  " + std::string(v_.split ? "" : "const ") + compute_type(n.dtype) + " r" + std::to_string(id) + " = " +
              (v_.group ? "kiln_group_reduce<" + G + ">(" + a + ", " + op_name(n.op) + "())"
-                       : "kiln_block_reduce(" + a + ", " + op_name(n.op) + "(), " + ident(n) + ")") + ";\n";
+                       : "kiln_block_reduce<" + std::to_string(sites_++) + ">(" + a + ", " + op_name(n.op) + "(), " + ident(n) + ")") + ";\n";
         ve.bind(id, "r" + std::to_string(id));
       }
       if (v_.split) s += combine_split(mine);
@@ -336,7 +368,7 @@ class GpuKernelWriter {
     for (size_t i = 0; i < k_.stores.size(); ++i) any_full |= !k_.row_level_[i];
     auto full = [&](size_t i) { return !k_.row_level_[i]; };
     if (any_full)
-      s += "  {\n" + row_loop(element(ve, v_.vec ? "          " : "      ", full, false), v_.vec ? element(ve, "        ", full, true) : "") + "  }\n";
+      s += "  {\n" + row_loop(element(ve, v_.vec ? "          " : "      ", full, false), [&] { return element(ve, "        ", full, true); }) + "  }\n";
     s += "  if (lane == 0 && live) {\n" + bases("    ", "o#") + "    const int64_t j = 0; (void)j;\n";
     s += element(ve, "    ", [&](size_t i) { return bool(k_.row_level_[i]); }, false);
     return s + "  }\n";
@@ -344,7 +376,7 @@ class GpuKernelWriter {
   // Split rows, after the block's own reduction: its partials to the workspace; the last
   // block of the row to arrive combines all of them, in a fixed order (the same sums on
   // every run), and resets the row's counter for the next launch; the others are done.
-  std::string combine_split(const std::vector<size_t>& mine) const {
+  std::string combine_split(const std::vector<size_t>& mine) {
     std::string nr = std::to_string(mine.size());
     std::string s = "  kiln_u64* const kiln_part = (kiln_u64*)args.ws[0];\n  unsigned* const kiln_count = (unsigned*)args.ws[1];\n";
     s += "  __shared__ int kiln_last;\n  if (threadIdx.x == 0) {\n";
@@ -362,7 +394,7 @@ class GpuKernelWriter {
       s += "  {\n    " + t + " " + a + " = " + ident(n) + ";\n";
       s += "    for (int64_t b = threadIdx.x; b < split; b += blockDim.x) " + a + " = " + op_name(n.op) + "()(" + a +
            ", *(volatile " + t + "*)&kiln_part[(r * split + b) * " + nr + " + " + std::to_string(q) + "]);\n";
-      s += "    r" + std::to_string(id) + " = kiln_block_reduce(" + a + ", " + op_name(n.op) + "(), " + ident(n) + ");\n  }\n";
+      s += "    r" + std::to_string(id) + " = kiln_block_reduce<" + std::to_string(sites_++) + ">(" + a + ", " + op_name(n.op) + "(), " + ident(n) + ");\n  }\n";
     }
     return s + "  if (threadIdx.x == 0) kiln_count[r] = 0;\n";
   }
@@ -390,6 +422,9 @@ class GpuKernelWriter {
   const GpuVariant& v_;
   std::string name_;
   std::vector<uint8_t> kept_;
+  std::vector<uint8_t> used_;  // slots read by the statements generated last (vload)
+  bool batched_ = false;       // vector statements for chunk k of a loaded batch: L<i>[k][u]
+  int sites_ = 0;              // block reductions so far (each its own shared array)
 };
 
 inline std::string gpu_source(GpuDialect dialect, int warp_size, const ir::Graph& g, const sched::Plan& plan,

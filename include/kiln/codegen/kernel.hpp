@@ -79,7 +79,8 @@ class ValueEmitter {
     } else if (is_pointwise(n.op)) {
       std::string args[3];
       for (int a = 0; a < n.nargs; ++a) args[a] = value(g_.arg(n, a), out, indent, load, index);
-      rhs = substitute(prim_info(n.op).src, args);
+      rhs = n.op == Prim::div && by_reciprocal(n) ? "(" + args[0] + " * kiln_recip(" + args[1] + "))"
+                                                  : substitute(prim_info(n.op).src, args);
     } else {
       throw Error("kiln: internal error: node %" + std::to_string(id) + " (" +
                   std::string(prim_info(n.op).name) + ") has no value in this kernel");
@@ -90,6 +91,26 @@ class ValueEmitter {
   }
   // Names a value computed elsewhere (a reduction's register).
   void bind(int id, std::string name) { names_[id] = std::move(name); }
+  // Floating divisions by a value that is the same for the whole row (a reduction, or
+  // arithmetic on reductions and scalars) become products with its reciprocal: one
+  // division per row (the compiler hoists it) instead of one per element. The result may
+  // differ from the quotient by an ulp (and a divisor below about 3e-38 in f32 makes the
+  // reciprocal infinite). The GPU rows kernels ask for it.
+  void reciprocal_of_row_values() {
+    row_value_.assign(g_.nodes.size(), 0);
+    for (int r : k_.reduces) row_value_[size_t(r)] = 1;
+    for (size_t id = 0; id < g_.nodes.size(); ++id) {  // post-order: arguments first
+      const ir::Node& n = g_.nodes[id];
+      if (row_value_[id] || slot_of(int(id), SlotRole::load) >= 0) continue;
+      if (param_of(int(id)) >= 0) {
+        row_value_[id] = n.op != Prim::rand && n.op != Prim::iota;
+        continue;
+      }
+      bool all = (is_pointwise(n.op) || n.op == Prim::cast) && n.nargs > 0;
+      for (int a = 0; a < n.nargs && all; ++a) all = row_value_[size_t(g_.arg(n, a))];
+      row_value_[id] = all;
+    }
+  }
   // Scopes nest: values of an outer scope stay visible in inner ones.
   std::unordered_map<int, std::string> save() const { return names_; }
   void restore(std::unordered_map<int, std::string> names) { names_ = std::move(names); }
@@ -123,6 +144,14 @@ class ValueEmitter {
   const sched::Kernel& k_;
   const Layout& l_;
   std::unordered_map<int, std::string> names_;
+  std::vector<uint8_t> row_value_;  // reciprocal_of_row_values: per node, the same for the whole row
+
+  bool by_reciprocal(const ir::Node& n) const {
+    DType d = n.dtype;
+    bool floating = d == DType::f32 || d == DType::f64 || d == DType::f16 || d == DType::bf16;
+    // NOTE: a row's own value divided (a variance by its count, say) stays a quotient: it is computed once anyway.
+    return floating && !row_value_.empty() && row_value_[size_t(g_.arg(n, 1))] && !row_value_[size_t(g_.arg(n, 0))];
+  }
 };
 
 // A stored element to compute type and back (both dialects' device code has these helpers).

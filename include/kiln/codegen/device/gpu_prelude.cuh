@@ -78,24 +78,49 @@ template <class T> KILN_FN T kiln_sign(T x) { return (T)((x > (T)0) - (x < (T)0)
 // NaN-propagating, as torch.maximum / torch.minimum.
 template <class T> KILN_FN T kiln_max(T a, T b) { return (a > b || a != a) ? a : b; }
 template <class T> KILN_FN T kiln_min(T a, T b) { return (a < b || a != a) ? a : b; }
+// sm_80 and later have the NaN-propagating float max/min as one instruction (the
+// comparisons above take four).
+#if !defined(KILN_HIP) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define KILN_SM80 1
+KILN_FN float kiln_max(float a, float b) { float r; asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }
+KILN_FN float kiln_min(float a, float b) { float r; asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }
+#endif
 KILN_FN bool kiln_max(bool a, bool b) { return a || b; }
 KILN_FN bool kiln_min(bool a, bool b) { return a && b; }
 
-// 16-bit floats: stored as uint16_t, computed in f32 (bit conversions, round to nearest even).
+// 16-bit floats: stored as uint16_t, computed in f32 (bit conversions, round to nearest even;
+// on sm_80 and later the conversion instructions, whose NaN is the canonical one).
 KILN_FN float kiln_bf16_to_f32(uint16_t b) { return __uint_as_float(((uint32_t)b) << 16); }
 KILN_FN uint16_t kiln_f32_to_bf16(float f) {
+#ifdef KILN_SM80  // one conversion instruction (the bit arithmetic below takes about seven)
+  uint16_t h;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+#else
   uint32_t u = __float_as_uint(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
   u += 0x7fffu + ((u >> 16) & 1u);
   return (uint16_t)(u >> 16);
+#endif
 }
 KILN_FN float kiln_f16_to_f32(uint16_t h) {
+#ifdef KILN_SM80
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+#else
   uint32_t sign = ((uint32_t)(h & 0x8000u)) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
   if (e == 0x1f) return __uint_as_float(sign | 0x7f800000u | (m << 13));
   if (e == 0) { float v = (float)m * 5.9604644775390625e-8f; return sign ? -v : v; }
   return __uint_as_float(sign | ((e + 112u) << 23) | (m << 13));
+#endif
 }
 KILN_FN uint16_t kiln_f32_to_f16(float f) {
+#ifdef KILN_SM80
+  uint16_t h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+#else
   uint32_t u = __float_as_uint(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
   if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);
   if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);
@@ -108,6 +133,7 @@ KILN_FN uint16_t kiln_f32_to_f16(float f) {
   }
   a += 0xfffu + ((a >> 13) & 1u) - (112u << 23);
   return (uint16_t)(sign | (a >> 13));
+#endif
 }
 
 // Loads and stores of V consecutive elements as 16-byte transactions (the caller
@@ -140,18 +166,16 @@ template <int G, class T, class Op> KILN_FN T kiln_group_reduce(T v, Op op) {
   return v;
 }
 template <class T, class Op> KILN_FN T kiln_warp_reduce(T v, Op op) { return kiln_group_reduce<KILN_WARP>(v, op); }
-template <class T, class Op> KILN_FN T kiln_block_reduce(T v, Op op, T identity) {
-  __shared__ kiln_u64 smem[1024 / KILN_WARP + 1];
+// Across the block: each warp's partial to shared memory, one barrier, then every warp
+// reduces the partials in the same order (the same value in every thread). Each call site
+// of a kernel passes its own Site, so that its shared array is its own and no second
+// barrier has to guard it against the next reduction's writes.
+template <int Site, class T, class Op> KILN_FN T kiln_block_reduce(T v, Op op, T identity) {
+  __shared__ kiln_u64 smem[1024 / KILN_WARP];
   T* s = (T*)smem;
   const int lane = threadIdx.x % KILN_WARP, warp = threadIdx.x / KILN_WARP, nwarps = (blockDim.x + KILN_WARP - 1) / KILN_WARP;
   v = kiln_warp_reduce(v, op);
   if (lane == 0) s[warp] = v;
   __syncthreads();
-  v = (int)threadIdx.x < nwarps ? s[threadIdx.x] : identity;
-  if (warp == 0) v = kiln_warp_reduce(v, op);
-  if (threadIdx.x == 0) s[0] = v;
-  __syncthreads();
-  v = s[0];
-  __syncthreads();
-  return v;
+  return kiln_warp_reduce(lane < nwarps ? s[lane] : identity, op);
 }
