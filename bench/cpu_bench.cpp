@@ -172,13 +172,14 @@ struct Impl {
   double bytes;                                          // each input read once, each output written once
   std::function<void()> run;                             // writes its outputs
   std::function<Outs()> out;                             // the outputs after run(), as double
-  std::vector<double> ms;
+  std::vector<double> ms, cpu_ms;  // wall and process CPU time (every thread's) per call
   double tol_scale = 1;  // > 1 where the implementation rounds more often by design (see its name)
   double faults = 0, error = NAN;
   bool ok = false;
   double ms_median() const { return median(ms); }
   double ms_best() const { return ms.empty() ? NAN : *std::min_element(ms.begin(), ms.end()); }
   double ms_of(bool best) const { return best ? ms_best() : ms_median(); }
+  double cpu_best() const { return cpu_ms.empty() ? NAN : *std::min_element(cpu_ms.begin(), cpu_ms.end()); }
   double gbs(bool best = false) const { return bytes / (ms_of(best) * 1e-3) / 1e9; }
 };
 
@@ -208,18 +209,23 @@ void measure(std::vector<Impl>& impls, const Outs& ref, Tol tol, const Options& 
       im.run();
       im.ms.push_back(ms_since(t0));
       getrusage(RUSAGE_SELF, &u1);
+      auto cpu = [](const rusage& u) { return (u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1e3 + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-3; };
+      im.cpu_ms.push_back(cpu(u1) - cpu(u0));
       im.faults += double(u1.ru_minflt - u0.ru_minflt) / o.reps;
     }
 }
 
 void print_impls(const char* title, const std::vector<Impl>& impls, Tol tol, double copy_gbs) {
   std::printf("\n%s  (check: |y - ref64| <= %.0e + %.0e |ref|)\n", title, tol.atol, tol.rtol);
-  std::printf("  %-30s %9s %9s %8s %7s %10s %9s\n", "implementation", "median ms", "min ms", "GB/s", "% copy",
+  std::printf("  %-30s %9s %9s %10s %8s %7s %10s %9s\n", "implementation", "median ms", "min ms", "min CPU ms", "GB/s", "% copy",
               "err/tol", "faults");
-  // err/tol: the worst element's error over its tolerance (<= 1 passes); faults: minor page faults per call
+  // min CPU ms: the process's CPU time in its cheapest call (every thread, spinning included; with
+  // OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1, the single-thread cost that a busy machine's
+  // preemptions do not inflate). err/tol: the worst element's error over its tolerance (<= 1
+  // passes); faults: minor page faults per call
   for (const auto& im : impls) {
-    std::printf("  %-30s %9.3f %9.3f %8.2f %6.0f%% %10.3g %9.0f%s\n", im.name.c_str(), im.ms_median(),
-                im.ms_best(), im.gbs(), 100 * im.gbs() / copy_gbs, im.error,
+    std::printf("  %-30s %9.3f %9.3f %10.3f %8.2f %6.0f%% %10.3g %9.0f%s\n", im.name.c_str(), im.ms_median(),
+                im.ms_best(), im.cpu_best(), im.gbs(), 100 * im.gbs() / copy_gbs, im.error,
                 im.faults, im.ok ? "" : "  FAILED CHECK");
   }
 }
@@ -837,17 +843,20 @@ std::string ms_cell(const Impl* im, bool best) {
 
 void print_gemm(const std::vector<GemmRow>& rows, bool best) {
   std::printf("\nGEMM, %s (GFLOP/s = 2MNK / time; kiln/BLAS: kiln compiled's GFLOP/s over OpenBLAS's into one C buffer;\n"
-              "vs new-C BLAS: over OpenBLAS's into a new C per call, as kiln allocates its output)\n",
+              "vs new-C BLAS: over OpenBLAS's into a new C per call (kiln's output comes from its caching allocator);\n"
+              "CPU kiln/BLAS: the same ratio by each one's cheapest call in CPU time)\n",
               best ? "BEST of the runs" : "MEDIAN of the runs");
-  std::printf("| %-40s | %8s | %7s | %8s | %7s | %8s | %7s | %9s | %12s |\n", "row (M x K x N)", "kiln ms", "GFLOP/s", "eager ms",
-              "GFLOP/s", "BLAS ms", "GFLOP/s", "kiln/BLAS", "vs new-C BLAS");
-  std::printf("|---|--:|--:|--:|--:|--:|--:|--:|--:|\n");
+  std::printf("| %-40s | %8s | %7s | %8s | %7s | %8s | %7s | %9s | %12s | %13s |\n", "row (M x K x N)", "kiln ms", "GFLOP/s", "eager ms",
+              "GFLOP/s", "BLAS ms", "GFLOP/s", "kiln/BLAS", "vs new-C BLAS", "CPU kiln/BLAS");
+  std::printf("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n");
   for (const auto& r : rows) {
     auto at = [&](size_t i) { return r.impls.size() > i ? &r.impls[i] : nullptr; };
     const Impl *k = at(0), *e = at(1), *blas = at(2), *fresh = at(3);
     auto gf = [&](const Impl* im) { return im ? im->bytes / (im->ms_of(best) * 1e-3) / 1e9 : NAN; };
-    std::printf("| %-40s | %8s | %7.1f | %8s | %7.1f | %8s | %7.1f | %8.2fx | %11.2fx |\n", r.c.name.c_str(), ms_cell(k, best).c_str(),
-                gf(k), ms_cell(e, best).c_str(), gf(e), ms_cell(blas, best).c_str(), gf(blas), gf(k) / gf(blas), gf(k) / gf(fresh));
+    const double cpu_ratio = k && blas ? blas->cpu_best() / k->cpu_best() : NAN;
+    std::printf("| %-40s | %8s | %7.1f | %8s | %7.1f | %8s | %7.1f | %8.2fx | %11.2fx | %12.2fx |\n", r.c.name.c_str(),
+                ms_cell(k, best).c_str(), gf(k), ms_cell(e, best).c_str(), gf(e), ms_cell(blas, best).c_str(), gf(blas),
+                gf(k) / gf(blas), gf(k) / gf(fresh), cpu_ratio);
   }
 }
 
