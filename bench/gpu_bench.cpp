@@ -177,6 +177,23 @@ static void gemm_benches() {
     run("W4 h.t()@dy", h.transpose(0, 1), dy);
     run("W4 dh@W1.t()", h, W1.transpose(0, 1));
     run("W4 x.t()@dh", x.transpose(0, 1), h);
+    // Where the W4 step spends beyond its plain GEMMs: the forward's fused gelu epilogue, dh's
+    // fused gelu' epilogue (it reads the saved pre-activation), the bias gradients' column sums.
+    Tensor<bf16, 1> b1 = cast<bf16>(randn<f32>(Shape<1>{16384}, 30) * 0.02f);
+    auto part = [](const char* name, double ms, double plain_ms, double bytes) {
+      std::printf("W4 part %-42s %8.3f ms", name, ms);
+      if (plain_ms > 0) std::printf("  (its plain GEMM %.3f ms: epilogue +%.1f%%)", plain_ms, 100 * (ms / plain_ms - 1));
+      if (bytes > 0) std::printf("  %6.0f GB/s", bytes / ms / 1e6);
+      std::printf("\n");
+      std::fflush(stdout);
+    };
+    double fwd = time_ms([&] { Tensor<bf16, 2> o = gelu(matmul(x, W1) + b1); }, 20);
+    part("gelu(x@W1 + b1)", fwd, gemm_rows[gemm_rows.size() - 6].ms, 0);
+    auto gelu_grad = [](const auto& p) { return 0.5f * (1.0f + erf(p * 0.70710678f)) + p * exp(-0.5f * p * p) * 0.39894228f; };
+    double bwd = time_ms([&] { Tensor<bf16, 2> o = matmul(dy, W2.transpose(0, 1)) * gelu_grad(h); }, 20);
+    part("dy@W2.t() * gelu'(pre)", bwd, gemm_rows[gemm_rows.size() - 4].ms, 0);
+    part("sum(dh, 0) [8192,16384] (db1)", time_ms([&] { Tensor<bf16, 1> o = sum(h, 0); }, 20), 0, 8192.0 * 16384 * 2);
+    part("sum(dy, 0) [8192,4096] (db2)", time_ms([&] { Tensor<bf16, 1> o = sum(dy, 0); }, 20), 0, 8192.0 * 4096 * 2);
   }
   {  // the SIMT path: f32 (PyTorch's default fp32 matmul is not TF32)
     Tensor<f32, 2> a = randn<f32>(Shape<2>{4096, 4096}, 28), b = randn<f32>(Shape<2>{4096, 4096}, 29);
