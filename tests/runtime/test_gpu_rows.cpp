@@ -50,6 +50,26 @@ void check_row_reductions(Device d, int64_t rows, int64_t n, Layout l) {
   CHECK(read(a2).v == read(a1).v);
 }
 
+// sum, amax and mean over the first dim of a random [rows, n] operand (columns: the
+// kept dim contiguous, the reduced one strided), on device `d`, in one kernel.
+void check_col_reductions(Device d, int64_t rows, int64_t n) {
+  KILN_TEST_RNG(rng);
+  auto in = input<f32, 2>(rng, Shape<2>{rows, n});
+  auto x = on(d, in.t);
+  std::string what = "columns of [" + std::to_string(rows) + ", " + std::to_string(n) + "] on " + d.str();
+  CAPTURE(what);
+  Array s = ref::sum(in.a, {0}), scale = ref::abs_sum(in.a, {0}), m = ref::amax(in.a, {0});
+  Array mean = ref::map(s, [&](double v) { return v / double(rows); });
+  Array mean_scale = ref::map(scale, [&](double v) { return v / double(rows); });
+  auto c0 = counters();
+  auto [s1, m1] = eval(sum(x, 0), amax(x, 0));
+  CHECK(counters().kernels_launched - c0.kernels_launched == 1);
+  Tensor<f32, 1> a1 = kiln::mean(x, 0);
+  check_close(s1, s, tol<f32>(), "sum " + what, &scale);
+  check_close(m1, m, Tol{0, 0}, "amax " + what);
+  check_close(a1, mean, tol<f32>(), "mean " + what, &mean_scale);
+}
+
 // softmax over rows of n (two passes and a store pass; kept in registers where it fits).
 void check_softmax(Device d, int64_t rows, int64_t n) {
   KILN_TEST_RNG(rng);
@@ -78,6 +98,10 @@ void check_strategies(Device d) {
   check_row_reductions(d, 9, 700, Layout::contiguous);
   // 40000: a block per row too long to keep (batches of 16-byte loads, a store pass).
   for (int64_t n : {7, 100, 1000, 8192, 12000, 40000}) check_softmax(d, 5, n);
+  // Columns (a thread per column): odd widths, few rows, many rows.
+  check_col_reductions(d, 1000, 777);
+  check_col_reductions(d, 3, 1025);
+  check_col_reductions(d, 3001, 520);
 }
 
 // Plans of every strategy, with the variant each must get on a wave32 device.
@@ -100,6 +124,13 @@ std::vector<std::string> strategy_programs(int warp) {
     auto t = Tensor<f32, 2>::empty(Shape<2>{100003, 2}, cpu()).transpose(0, 1);  // strided split rows
     auto [src, v] = program(amax(t, -1), kiln::mean(t, -1));
     CHECK(v[0].split);
+    out.push_back(src);
+  }
+  {
+    auto [src, v] = program(sum(x(8192, 600), 0), amax(x(5000, 700), 0));  // column reductions: a thread per column
+    REQUIRE(v.size() == 2);
+    for (const auto& k : v) CHECK(k.cols);
+    CHECK(src.find("kiln_cols_reduce<") != std::string::npos);
     out.push_back(src);
   }
   {

@@ -23,6 +23,10 @@
 //            per row (gridDim.x / rows of them), each reduces its span, and the
 //            last block of a row to finish combines the partials (a second pass
 //            over a workspace of 8-byte partials and one counter per row).
+//   cols     one-pass rows reduced along a strided dim with the kept dim contiguous
+//            (column sums, a bias gradient): a thread per kept index, so a warp
+//            reads consecutive addresses; blocks of warp-many columns by row groups,
+//            combined through shared memory in a fixed order.
 //   gemm     matmul kernels: the GEMM config and operand layouts (codegen/gemm.hpp).
 #pragma once
 #include <algorithm>
@@ -44,6 +48,7 @@ struct GpuVariant {
   int group = 0;      // rows: lanes per row (1 .. warp); 0: a block per row
   int persist = 0;    // block rows: V-chunks per thread kept in registers across passes (the row is read once)
   bool split = false; // block rows: several blocks per row, partials combined by the last one
+  bool cols = false;  // one-pass rows reduced along a strided dim: a thread per kept index (column)
   int threads = 256;  // block size; the kernel's launch bounds
   GemmConfig gemm;       // matmul: tile shapes and kind
   GemmOperands gemm_ops; // matmul: which dim of A and B is contiguous
@@ -260,6 +265,10 @@ class GpuKernelWriter {
       s += "  const bool live = r0 < outer;\n  const int64_t r = live ? r0 : outer - 1;\n";
       s += "  const int lane = threadIdx.x % " + G + ", gsize = " + G + ";\n";
       s += "  if (outer == 0 || (" + G + " == KILN_WARP && !live)) return;\n";
+    } else if (v_.cols) {  // KILN_WARP consecutive rows (columns in memory) per block, by row groups
+      s += "  const int64_t r0 = (int64_t)blockIdx.x * KILN_WARP + threadIdx.x % KILN_WARP;\n";
+      s += "  const bool live = r0 < outer;\n  const int64_t r = live ? r0 : outer - 1;\n";
+      s += "  const int lane = threadIdx.x / KILN_WARP, gsize = blockDim.x / KILN_WARP;\n  if (outer == 0) return;\n";
     } else if (v_.split) {  // gridDim.x / outer blocks per row, each over one span of it
       s += "  const bool live = true;\n  const int64_t split = (int64_t)gridDim.x / outer, r = blockIdx.x / split, part = blockIdx.x % split;\n";
       s += "  const int lane = threadIdx.x, gsize = blockDim.x;\n";
@@ -317,6 +326,7 @@ class GpuKernelWriter {
         t += "      if (j + " + V + " <= hi) {\n" + vec_body() + "      } else {\n";
         t += "        for (int64_t jj = j; jj < hi; ++jj) {\n          const int64_t j = jj;\n" + body_scalar + "        }\n      }\n    }\n";
       } else {
+        if (v_.cols) t += "#pragma unroll 4\n";  // loads of several rows in flight
         t += "    for (int64_t c = lo + lane; c < hi; c += gsize) {\n";
         t += "      const int64_t ir = irows > 1 ? c / inner : 0, j = c - ir * inner;\n";
         t += offsets("ir", "no", "nd - 1", "i", "      ");
@@ -359,7 +369,8 @@ class GpuKernelWriter {
         std::string a = "a" + std::to_string(id);
         s += "  " + std::string(v_.split ? "" : "const ") + compute_type(n.dtype) + " r" + std::to_string(id) + " = " +
              (v_.group ? "kiln_group_reduce<" + G + ">(" + a + ", " + op_name(n.op) + "())"
-                       : "kiln_block_reduce<" + std::to_string(sites_++) + ">(" + a + ", " + op_name(n.op) + "(), " + ident(n) + ")") + ";\n";
+              : v_.cols ? "kiln_cols_reduce<" + std::to_string(sites_++) + ">(" + a + ", " + op_name(n.op) + "())"
+                        : "kiln_block_reduce<" + std::to_string(sites_++) + ">(" + a + ", " + op_name(n.op) + "(), " + ident(n) + ")") + ";\n";
         ve.bind(id, "r" + std::to_string(id));
       }
       if (v_.split) s += combine_split(mine);

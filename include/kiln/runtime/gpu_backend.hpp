@@ -146,6 +146,23 @@ inline bool one_pass_rows(const sched::Kernel& k) {
   return one;
 }
 
+// A one-pass rows kernel over many rows (8 warps' worth at least) reducing one dim that
+// some input walks with a stride, while every input walks the kept innermost dim
+// contiguously (or not at all): column sums such as a bias gradient, sum(x, 0).
+inline bool column_rows(const ir::Graph& g, const sched::Kernel& k, const codegen::Layout& l, const KernelArgs& a, int warp) {
+  (void)g;
+  int nd = int(a.meta[0]), no = int(a.meta[1]);
+  if (!one_pass_rows(k) || no < 1 || nd - no != 1 || rows_extent(a).first < 8 * int64_t(warp)) return false;
+  auto stride = [&](size_t slot, int d) { return a.meta[size_t(2 + nd) + slot * size_t(nd) + size_t(d)]; };
+  bool strided = false;
+  for (size_t i = 0; i < l.slots.size(); ++i) {
+    if (l.slots[i].role != codegen::SlotRole::load) continue;
+    if (stride(i, no - 1) > 1) return false;
+    strided |= stride(i, nd - 1) > 1;
+  }
+  return strided;
+}
+
 // Variant of one kernel for this call, for a device of `warp` lanes per warp
 // (wavefront), of architecture `arch` (GemmProblem::arch: the NVIDIA compute
 // capability, or codegen::gemm_amd_arch of an AMD target) with `sm_count`
@@ -178,6 +195,14 @@ inline codegen::GpuVariant gpu_variant(const ir::Graph& g, const sched::Kernel& 
   if (flat && any_unit) v.vec = int(16 / min_bytes);
   if (k.kind == sched::KernelKind::rows) {
     auto [outer, per_row] = rows_extent(a);
+    if (column_rows(g, k, l, a, warp)) {
+      // Reduced along a strided dim, the kept one contiguous: a thread per kept index, so a
+      // warp reads consecutive addresses; row groups of a column combine through shared memory.
+      int groups = 1;
+      while (groups < 1024 / warp && int64_t(groups) * 16 < per_row) groups *= 2;
+      v.cols = true, v.vec = 0, v.threads = warp * groups;
+      return v;
+    }
     int64_t chunks = (per_row + std::max(v.vec, 1) - 1) / std::max(v.vec, 1);
     if (per_row <= int64_t(warp) * 32) {
       // Short rows: lanes for about four V-chunks each, a warp at most (several rows per warp).
@@ -219,10 +244,10 @@ inline GpuLaunch gpu_launch_shape(const sched::Kernel& k, const KernelArgs& a, c
   }
   int nd = int(a.meta[0]);
   if (k.kind == sched::KernelKind::rows) {
-    (void)warp;
     auto [outer, per_row] = rows_extent(a);
     L.block = {unsigned(v.threads), 1, 1};
     if (v.group) L.grid = {unsigned((outer + v.threads / v.group - 1) / (v.threads / v.group)), 1, 1};
+    else if (v.cols) L.grid = {unsigned((outer + warp - 1) / warp), 1, 1};
     else if (v.split) L.grid = {unsigned(outer * gpu_split_count(outer, per_row, v.threads, v.vec, sm_count)), 1, 1};
     else L.grid = {unsigned(outer), 1, 1};
     return L;
@@ -288,8 +313,8 @@ inline Hash128 variant_key(const std::vector<codegen::GpuVariant>& vars) {
   for (const codegen::GpuVariant& v : vars) {
     if (!v.strides.empty()) vh.add(v.strides.data(), v.strides.size());
     const codegen::GemmConfig& gc = v.gemm;
-    int32_t w[14] = {v.vec, v.group, v.persist, v.split, v.threads, int(gc.kind), gc.bm, gc.bn, gc.bk, gc.wm, gc.wn, gc.stages,
-                     v.gemm_ops.a_k_major, v.gemm_ops.b_k_major};
+    int32_t w[15] = {v.vec, v.group, v.persist, v.split, v.threads, int(gc.kind), gc.bm, gc.bn, gc.bk, gc.wm, gc.wn, gc.stages,
+                     v.gemm_ops.a_k_major, v.gemm_ops.b_k_major, v.cols};
     vh.add(w, sizeof w);
   }
   return vh.digest();

@@ -59,10 +59,10 @@ inline void precompile(const ir::Graph& g, const CompiledPlan& cp, const std::ve
         codegen::GpuVariant& v = vars.back();
         if (kernel.kind != sched::KernelKind::rows || pass == 0) continue;
         if (pass == 1) {
-          v.group = v.group ? 0 : warp, v.persist = 0, v.split = false, v.threads = 256;
+          v.group = v.group ? 0 : warp, v.persist = 0, v.split = false, v.cols = false, v.threads = 256;
           changed = true;
         } else if (one_pass_rows(kernel) && !v.split) {
-          v.group = 0, v.persist = 0, v.split = true, v.threads = 256;
+          v.group = 0, v.persist = 0, v.split = true, v.cols = false, v.threads = 256;
           changed = true;
         }
       }

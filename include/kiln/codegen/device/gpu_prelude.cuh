@@ -170,6 +170,19 @@ template <class T, class Op> KILN_FN T kiln_warp_reduce(T v, Op op) { return kil
 // reduces the partials in the same order (the same value in every thread). Each call site
 // of a kernel passes its own Site, so that its shared array is its own and no second
 // barrier has to guard it against the next reduction's writes.
+// Column reduction (the `cols` rows variant): a block of KILN_WARP columns (threadIdx.x %
+// KILN_WARP) by blockDim.x / KILN_WARP row groups; each column's row-group partials
+// combined in a fixed order, the result right in row group 0 (the threads that store).
+template <int Site, class T, class Op> KILN_FN T kiln_cols_reduce(T v, Op op) {
+  __shared__ kiln_u64 smem[1024];
+  T* s = (T*)smem;
+  s[threadIdx.x] = v;
+  __syncthreads();
+  if (threadIdx.x < KILN_WARP)
+    for (int g = 1; g < (int)(blockDim.x / KILN_WARP); ++g) v = op(v, s[threadIdx.x + g * KILN_WARP]);
+  return v;
+}
+
 template <int Site, class T, class Op> KILN_FN T kiln_block_reduce(T v, Op op, T identity) {
   __shared__ kiln_u64 smem[1024 / KILN_WARP];
   T* s = (T*)smem;
