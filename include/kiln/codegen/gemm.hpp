@@ -254,8 +254,11 @@ class GemmWriter {
     s += "    tm = first + (pid % (8 * gn)) % rows; tn = (pid % (8 * gn)) / rows;\n  }\n";
     return s + "  const int64_t m0 = tm * BM, n0 = tn * BN;\n";
   }
-  // One output element's store, skipped past M and N.
-  std::string emit_store(const std::string& ind, const std::string& row, const std::string& col, const std::string& v) const {
+  // One output element's store, skipped past M and N (`checked`), or unconditional (a
+  // tile inside the output).
+  std::string emit_store(const std::string& ind, const std::string& row, const std::string& col, const std::string& v,
+                         bool checked = true) const {
+    if (!checked) return ind + "{ " + store_(row, col, v) + " }\n";
     return ind + "if (" + row + " < Mr && " + col + " < N) { " + store_(row, col, v) + " }\n";
   }
 

@@ -81,11 +81,15 @@ class WgmmaWriter {
     s += "      if (kt > 0 && lane == 0) kiln_mbar_arrive(empty0 + 8 * ((kt - 1) % STAGES));\n    }\n";
     s += "    kiln_wgmma_wait<0>();\n";
     // Accumulators: warp w of the warpgroup holds rows 16w .. 16w+15; per 8 columns j, d[4j .. 4j+3]
-    // at (lane/4, 2*(lane%4) + 0/1) and eight rows below (mma.sync's C fragment).
-    s += "#pragma unroll\n    for (int j = 0; j < BN / 8; ++j)\n#pragma unroll\n    for (int q = 0; q < 4; ++q) {\n";
-    s += "      const int64_t row = m0 + c * 64 + w * 16 + lane / 4 + (q / 2) * 8, col = n0 + j * 8 + (lane % 4) * 2 + q % 2;\n";
-    s += w_.emit_store("      ", "row", "col", "d[j * 4 + q]");
-    return s + "    }\n  }\n";
+    // at (lane/4, 2*(lane%4) + 0/1) and eight rows below (mma.sync's C fragment). A tile inside
+    // the output stores without a test per element (the epilogue's loads can then be issued early).
+    auto stores = [&](bool checked) {
+      std::string t = "#pragma unroll\n    for (int j = 0; j < BN / 8; ++j)\n#pragma unroll\n    for (int q = 0; q < 4; ++q) {\n";
+      t += "      const int64_t row = m0 + c * 64 + w * 16 + lane / 4 + (q / 2) * 8, col = n0 + j * 8 + (lane % 4) * 2 + q % 2;\n";
+      return t + w_.emit_store("      ", "row", "col", "d[j * 4 + q]", checked) + "    }\n";
+    };
+    s += "    if (m0 + BM <= Mr && n0 + BN <= N) {\n" + stores(false) + "    } else {\n" + stores(true) + "    }\n";
+    return s + "  }\n";
   }
 
  private:
