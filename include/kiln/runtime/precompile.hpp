@@ -50,7 +50,7 @@ inline void precompile(const ir::Graph& g, const CompiledPlan& cp, const std::ve
     // kernel is a one-pass reduction: what another size of the same plan would pick.
     for (int pass = 0; pass < 3; ++pass) {
       std::vector<codegen::GpuVariant> vars;
-      bool changed = false;
+      bool changed = pass == 0;  // pass 0: the variant this call picks
       for (size_t k = 0; k < cp.plan.kernels.size(); ++k) {
         const sched::Kernel& kernel = cp.plan.kernels[k];
         // NOTE: each target gets its tensor-core (mma, mfma) GEMMs; 132 SMs (an H100/H200) for the config and split choices.
