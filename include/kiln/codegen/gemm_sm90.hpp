@@ -31,10 +31,6 @@
 
 namespace kiln::codegen {
 
-// The copy engine's boxes: inner extent 64 elements (128 bytes, the swizzle span).
-// K-major operands take one box of {64, rows}; M/N-major ones rows/64 boxes of {64, 64}.
-inline int wgmma_box_rows(const GemmConfig& c, bool is_a, bool k_major) { return k_major ? (is_a ? c.bm : c.bn) : c.bk; }
-
 class WgmmaWriter {
  public:
   WgmmaWriter(const GemmConfig& c, const GemmOperands& o, DType d, GemmStore store)

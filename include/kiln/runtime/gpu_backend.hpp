@@ -149,8 +149,7 @@ inline bool one_pass_rows(const sched::Kernel& k) {
 // A one-pass rows kernel over many rows (8 warps' worth at least) reducing one dim that
 // some input walks with a stride, while every input walks the kept innermost dim
 // contiguously (or not at all): column sums such as a bias gradient, sum(x, 0).
-inline bool column_rows(const ir::Graph& g, const sched::Kernel& k, const codegen::Layout& l, const KernelArgs& a, int warp) {
-  (void)g;
+inline bool column_rows(const sched::Kernel& k, const codegen::Layout& l, const KernelArgs& a, int warp) {
   int nd = int(a.meta[0]), no = int(a.meta[1]);
   if (!one_pass_rows(k) || no < 1 || nd - no != 1 || rows_extent(a).first < 8 * int64_t(warp)) return false;
   auto stride = [&](size_t slot, int d) { return a.meta[size_t(2 + nd) + slot * size_t(nd) + size_t(d)]; };
@@ -195,7 +194,7 @@ inline codegen::GpuVariant gpu_variant(const ir::Graph& g, const sched::Kernel& 
   if (flat && any_unit) v.vec = int(16 / min_bytes);
   if (k.kind == sched::KernelKind::rows) {
     auto [outer, per_row] = rows_extent(a);
-    if (column_rows(g, k, l, a, warp)) {
+    if (column_rows(k, l, a, warp)) {
       // Reduced along a strided dim, the kept one contiguous: a thread per kept index, so a
       // warp reads consecutive addresses; row groups of a column combine through shared memory.
       int groups = 1;
@@ -428,30 +427,39 @@ class GpuBackend final : public Backend {
       one.kernels[0].deps.clear();
       return std::pair{one, v};
     };
-    // NOTE: compiling the candidates is most of a tuning's time: every program of every
-    // key the database lacks is compiled first, side by side (Api::compile_ahead).
-    std::vector<std::pair<std::string, std::vector<std::string>>> ahead;
+    // Each matmul kernel's candidates and tuning key, once.
+    struct Tuned {
+      size_t k;
+      std::vector<codegen::GemmConfig> configs;
+      bool library;
+      tune::Key key;
+    };
+    std::vector<Tuned> tuned;
     for (size_t k = 0; k < kernels.size(); ++k) {
       if (kernels[k].kind != sched::KernelKind::matmul || call.args[k].work == 0) continue;
       codegen::GemmProblem p = gemm_problem(g, kernels[k], call.args[k], arch, props.sm_count);
       bool library = Api::library_gemm_applies(g, kernels[k], cp.layouts[k], call.args[k]);
-      if (tune::db().find(matmul_tune_key(g, kernels[k], cp.layouts[k], p, library ? Api::kLibraryGemm : "", Api::arch_name(dev)))) continue;
-      for (const codegen::GemmConfig& c : codegen::gemm_tuning_candidates(p)) {
-        auto [one, v] = candidate(k, c);
+      tuned.push_back({k, codegen::gemm_tuning_candidates(p), library,
+                       matmul_tune_key(g, kernels[k], cp.layouts[k], p, library ? Api::kLibraryGemm : "", Api::arch_name(dev))});
+    }
+    // NOTE: compiling the candidates is most of a tuning's time: every program of every
+    // key the database lacks is compiled first, side by side (Api::compile_ahead).
+    std::vector<std::pair<std::string, std::vector<std::string>>> ahead;
+    for (const Tuned& t : tuned) {
+      if (tune::db().find(t.key)) continue;
+      for (const codegen::GemmConfig& c : t.configs) {
+        auto [one, v] = candidate(t.k, c);
         ahead.push_back({source(g, one, {v}, props.warp_size), codegen::gpu_compile_options({v})});
       }
     }
     if (ahead.size() > 1) Api::compile_ahead(ahead, dev);
-    for (size_t k = 0; k < kernels.size(); ++k) {
-      if (kernels[k].kind != sched::KernelKind::matmul || call.args[k].work == 0) continue;
-      codegen::GemmProblem p = gemm_problem(g, kernels[k], call.args[k], arch, props.sm_count);
-      std::vector<codegen::GemmConfig> configs = codegen::gemm_tuning_candidates(p);
+    for (const Tuned& t : tuned) {
+      const size_t k = t.k;
+      const std::vector<codegen::GemmConfig>& configs = t.configs;
       std::vector<std::string> names;
       for (const auto& c : configs) names.push_back(c.str());
-      bool library = Api::library_gemm_applies(g, kernels[k], cp.layouts[k], call.args[k]);
-      if (library) names.push_back(Api::kLibraryGemm);
-      tune::Key key = matmul_tune_key(g, kernels[k], cp.layouts[k], p, library ? Api::kLibraryGemm : "", Api::arch_name(dev));
-      std::string choice = tune::autotune(key, names, [&](const std::string& name) {
+      if (t.library) names.push_back(Api::kLibraryGemm);
+      std::string choice = tune::autotune(t.key, names, [&](const std::string& name) {
         if (name == Api::kLibraryGemm)
           return time_us(dev, [&] {
             if (!Api::library_gemm(g, kernels[k], cp.layouts[k], call.args[k], dev)) throw Error("no algorithm for it");
