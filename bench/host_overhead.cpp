@@ -5,9 +5,14 @@
 // element through kiln::compile, back to back, against a direct call of the same
 // compiled kernel (the CPU's "bare launch"). The difference is kiln's own work per
 // call: trace, plan slot, bind, variant lookup, output allocation. Also the stages
-// one by one, so a regression shows where it came from.
+// one by one, so a regression shows where it came from. Then the GPU backend's share
+// of a call without a GPU: GpuBackend::run over a device API whose launch records
+// nothing (tests/support/fake_gpu.hpp: warp 32, sm_90, 132 SMs): the variant choice,
+// program lookup, launch shape and argument block the H200's figure includes.
 //   build/bench/host_overhead [calls]
 #include <kiln/kiln.hpp>
+
+#include "../tests/support/fake_gpu.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -67,4 +72,29 @@ int main(int argc, char** argv) {
               plan, bind, kargs);
   std::printf("  per call: compiles %.3f, kernels launched %.3f\n", double(c1.compiles - c0.compiles) / (8.0 * n),
               double(c1.kernels_launched - c0.kernels_launched) / (7.0 * n + n / 10 + 10));
+
+  // The GPU path of the same call: evaluate's steps with GpuBackend<FakeGpuApi>::run.
+  test::FakeGpuBackend gpu;
+  runtime::PlanSlot slot;
+  auto gpu_compiled = [&] {
+    ir::Graph t = ir::trace(x + 1.0f);
+    runtime::CompiledPlan& p = slot.get(t, Mode::fused);
+    runtime::Bound bb = runtime::bind_buffers(t, p.plan);
+    gpu.run(t, p, bb);
+    Tensor<f32, 1> o = runtime::output_tensor<f32, 1>(t, bb, t.outputs[0]);
+  };
+  gpu_compiled();  // the program's one load
+  double gpu_call_ns = ns_per_call(gpu_compiled, n);
+  double gpu_run = ns_per_call([&] { gpu.run(g, *cp, b); }, n);
+  runtime::GpuCall gc = runtime::gpu_call(g, *cp, b, 32, 90, 132);
+  double variants = ns_per_call([&] { auto c = runtime::gpu_call(g, *cp, b, 32, 90, 132); }, n);
+  double key = ns_per_call([&] { auto k = runtime::variant_key(gc.vars); }, n);
+  std::vector<uint64_t> block;
+  double arg_block = ns_per_call(
+      [&] { runtime::gpu_arg_block(g, cp->plan.kernels[0], cp->layouts[0], gc.args[0], gc.vars[0], nullptr, block); }, n);
+  std::printf("GPU path without a device (fake API: launches record nothing):\n");
+  std::printf("  compiled call, GPU backend  %8.0f ns (trace, plan slot, bind buffers, run, output)\n", gpu_call_ns);
+  std::printf("  GpuBackend::run alone       %8.0f ns\n", gpu_run);
+  std::printf("  of which (alone): bind kernel + variant (gpu_call) %.0f ns, variant key %.0f ns, argument block %.0f ns\n",
+              variants, key, arg_block);
 }

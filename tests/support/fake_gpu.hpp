@@ -1,0 +1,106 @@
+// kiln — header-only C++20 tensor compiler.
+// SPDX-License-Identifier: Apache-2.0
+//
+// A device API policy (runtime/gpu_backend.hpp) with no device behind it, so that
+// GpuBackend<FakeGpuApi>::run — bind, variant choice, program lookup, launch shape,
+// argument block — runs on a CPU-only machine over CPU buffers. Its "device" has a
+// chosen warp size, compute capability and SM count; loading a module compiles
+// nothing (it keeps the source and options) and a launch only records what it was
+// given. Used by tests (which program and launch a call gets) and by
+// bench/host_overhead (the GPU dispatch's own host work per call).
+#pragma once
+#include <cstring>
+#include <deque>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kiln/kiln.hpp"
+
+namespace kiln::test {
+
+struct FakeGpuDevice {
+  struct Properties {
+    int warp_size = 32, sm_count = 132, cc_major = 9, cc_minor = 0;
+  };
+  struct Dim3 {
+    unsigned x = 1, y = 1, z = 1;
+  };
+  struct Module {
+    std::string source;
+    std::vector<std::string> options;
+  };
+  // What one launch was given; `words`: the first `record_words` of its argument block.
+  struct Launch {
+    const Module* module = nullptr;
+    std::string name;
+    Dim3 grid, block;
+    unsigned shared_bytes = 0;
+    std::vector<uint64_t> words;
+  };
+  struct Function {
+    FakeGpuDevice* device = nullptr;
+    const Module* module = nullptr;
+    std::string name;
+    void launch(Dim3 grid, Dim3 block, unsigned shared_bytes, void** params, const LazyText&, void*) const {
+      kiln::detail::counters_state().kernels_launched.fetch_add(1, std::memory_order_relaxed);
+      ++device->launches;
+      if (!device->record) return;
+      Launch& l = device->launched.emplace_back(Launch{module, name, grid, block, shared_bytes, {}});
+      const auto* block_words = static_cast<const uint64_t*>(params[0]);
+      l.words.assign(block_words, block_words + device->record_words);
+    }
+  };
+  struct ModuleRef {
+    FakeGpuDevice* device;
+    const Module* module;
+    Function function(std::string_view name) const { return Function{device, module, std::string(name)}; }
+  };
+
+  Properties props;
+  int index = 0;
+  std::deque<Module> modules;  // every load, in order
+  std::deque<ModuleRef> refs;
+  size_t launches = 0;
+  bool record = false;      // keep each launch in `launched`
+  size_t record_words = 0;  // argument-block words a recorded launch keeps
+  std::vector<Launch> launched;
+
+  void make_current() const {}
+  const Properties& properties() const { return props; }
+  int ordinal() const { return index; }
+  void* stream() const { return nullptr; }
+  ModuleRef& load_module(const std::string& source, const std::vector<std::string>& options, const std::string&) {
+    modules.push_back({source, options});
+    return refs.emplace_back(ModuleRef{this, &modules.back()});
+  }
+};
+
+struct FakeGpuApi : runtime::GpuDeviceApi<DeviceKind::cpu, codegen::GpuDialect::cuda> {
+  // Two devices, as a test sets them up (a device's properties are fixed once it has run a plan).
+  static FakeGpuDevice& device(int ordinal) {
+    static FakeGpuDevice devices[2] = {{}, {{}, 1}};
+    return devices[ordinal];
+  }
+  static std::string arch_name(FakeGpuDevice& dev) {
+    return "sm_" + std::to_string(dev.props.cc_major * 10 + dev.props.cc_minor);
+  }
+  static constexpr const char* kLibraryGemm = "fake-library";
+  static bool library_gemm_applies(const ir::Graph&, const sched::Kernel&, const codegen::Layout&, const runtime::KernelArgs&) {
+    return false;
+  }
+  static bool library_gemm(const ir::Graph&, const sched::Kernel&, const codegen::Layout&, const runtime::KernelArgs&,
+                           FakeGpuDevice&) {
+    return false;
+  }
+  struct Timer {
+    explicit Timer(int) {}
+    void start(void*) {}
+    void stop(void*) {}
+    float elapsed_ms() const { return 1.0f; }
+  };
+};
+
+using FakeGpuBackend = runtime::GpuBackend<FakeGpuApi>;
+
+}  // namespace kiln::test
