@@ -30,7 +30,7 @@ struct FakeGpuDevice {
     std::string source;
     std::vector<std::string> options;
   };
-  // What one launch was given; `words`: the first `record_words` of its argument block.
+  // What one launch was given; `words`: the first record_words[i] words of launch i's argument block.
   struct Launch {
     const Module* module = nullptr;
     std::string name;
@@ -46,9 +46,10 @@ struct FakeGpuDevice {
       kiln::detail::counters_state().kernels_launched.fetch_add(1, std::memory_order_relaxed);
       ++device->launches;
       if (!device->record) return;
+      size_t i = device->launched.size();
       Launch& l = device->launched.emplace_back(Launch{module, name, grid, block, shared_bytes, {}});
       const auto* block_words = static_cast<const uint64_t*>(params[0]);
-      l.words.assign(block_words, block_words + device->record_words);
+      if (i < device->record_words.size()) l.words.assign(block_words, block_words + device->record_words[i]);
     }
   };
   struct ModuleRef {
@@ -57,13 +58,14 @@ struct FakeGpuDevice {
     Function function(std::string_view name) const { return Function{device, module, std::string(name)}; }
   };
 
+  explicit FakeGpuDevice(int ordinal) : index(ordinal) {}
   Properties props;
-  int index = 0;
+  int index;
   std::deque<Module> modules;  // every load, in order
   std::deque<ModuleRef> refs;
   size_t launches = 0;
-  bool record = false;      // keep each launch in `launched`
-  size_t record_words = 0;  // argument-block words a recorded launch keeps
+  bool record = false;               // keep each launch in `launched`
+  std::vector<size_t> record_words;  // per launch: how many argument-block words to keep (its size at most)
   std::vector<Launch> launched;
 
   void make_current() const {}
@@ -79,7 +81,7 @@ struct FakeGpuDevice {
 struct FakeGpuApi : runtime::GpuDeviceApi<DeviceKind::cpu, codegen::GpuDialect::cuda> {
   // Two devices, as a test sets them up (a device's properties are fixed once it has run a plan).
   static FakeGpuDevice& device(int ordinal) {
-    static FakeGpuDevice devices[2] = {{}, {{}, 1}};
+    static FakeGpuDevice devices[2] = {FakeGpuDevice(0), FakeGpuDevice(1)};
     return devices[ordinal];
   }
   static std::string arch_name(FakeGpuDevice& dev) {

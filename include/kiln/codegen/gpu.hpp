@@ -71,10 +71,10 @@ class GpuKernelWriter {
       : g_(g), k_(k), l_(layout(g, k)), v_(v), name_("kiln_k" + std::to_string(index)) {}
 
   // Words of the argument struct's m: [nd, no or K, sizes, strides per slot].
-  static size_t meta_words(const ir::Graph& g, const sched::Kernel& k) { return 2 + kMaxRank + layout(g, k).slots.size() * kMaxRank; }
+  static size_t meta_words(const Layout& l) { return 2 + kMaxRank + l.slots.size() * kMaxRank; }
 
   std::string write() {
-    size_t ns = std::max<size_t>(l_.slots.size(), 1), nm = meta_words(g_, k_), nw = std::max(l_.words, 1);
+    size_t ns = std::max<size_t>(l_.slots.size(), 1), nm = meta_words(l_), nw = std::max(l_.words, 1);
     std::string s = "struct " + name_ + "_args { void* p[" + std::to_string(ns) + "]; int64_t m[" + std::to_string(nm) +
                     "]; uint64_t a[" + std::to_string(nw) + "];" +
                     (v_.split ? " kiln_u64 ws[" + std::to_string(kGpuSplitWords) + "];" : "") + " };\n";

@@ -120,10 +120,15 @@ inline ir::Dims contiguous(const ir::Node& n) {
 }
 }  // namespace detail
 
-inline KernelArgs bind_kernel(const ir::Graph& g, const sched::Kernel& k, const codegen::Layout& l, const Bound& b) {
-  KernelArgs a;
+// Binds kernel k into `a`, reusing its vectors' memory: a backend that keeps its
+// KernelArgs from call to call allocates nothing here once they have grown.
+inline void bind_kernel(const ir::Graph& g, const sched::Kernel& k, const codegen::Layout& l, const Bound& b, KernelArgs& a) {
   size_t ns = l.slots.size();
-  std::vector<View> sv(ns);
+  // NOTE: this thread's scratch, grown once: no allocation per call.
+  thread_local std::vector<View> sv;
+  thread_local std::vector<ir::Dims> st, strides;
+  sv.assign(ns, View{});
+  a.ptrs.clear(), a.meta.clear(), a.words.clear(), a.strides.clear();
   a.ptrs.reserve(ns);
   a.strides.reserve(ns);
   a.meta.reserve(2 + (ns + 1) * kMaxRank);
@@ -166,7 +171,7 @@ inline KernelArgs bind_kernel(const ir::Graph& g, const sched::Kernel& k, const 
     a.strides[0] = cls(sv[0].strides[size_t(sv[0].rank - 1)]);
     a.strides[1] = cls(sv[1].strides[size_t(sv[1].rank - 1)]);
     a.work = dn.numel() * std::max<int64_t>(K, 1);  // K = 0 still writes zeros
-    return a;
+    return;
   }
 
   // Domain dims: for rows, outer (kept) dims first, then reduced ones.
@@ -183,7 +188,7 @@ inline KernelArgs bind_kernel(const ir::Graph& g, const sched::Kernel& k, const 
 
   // Drop size-1 dims, merge neighbours that every slot walks contiguously. strides[i]:
   // slot i's strides over the merged dims, first the slot's own over the domain.
-  std::vector<ir::Dims> st(ns), strides(ns);
+  st.assign(ns, ir::Dims{}), strides.assign(ns, ir::Dims{});
   for (size_t i = 0; i < ns; ++i) st[i] = detail::aligned_strides(sv[i], dom, r);
   std::array<int64_t, kMaxRank> sizes{};
   std::array<int, kMaxRank> group{};
@@ -221,6 +226,10 @@ inline KernelArgs bind_kernel(const ir::Graph& g, const sched::Kernel& k, const 
       if (!((k.axes >> i) & 1u)) outer *= dom[size_t(i)];
     a.work = std::max(a.work, outer);  // an empty reduction still writes its identity
   }
+}
+inline KernelArgs bind_kernel(const ir::Graph& g, const sched::Kernel& k, const codegen::Layout& l, const Bound& b) {
+  KernelArgs a;
+  bind_kernel(g, k, l, b, a);
   return a;
 }
 

@@ -1,0 +1,199 @@
+// kiln — header-only C++20 tensor compiler.
+// SPDX-License-Identifier: Apache-2.0
+//
+// The GPU backend's cache-hit path (runtime/gpu_backend.hpp: a thread's last call of a
+// plan keeps its variants and program) on a fake device API (support/fake_gpu.hpp), so
+// it runs without a GPU: every call's launches — program, kernel, grid, block, shared
+// memory and argument block — are what the uncached path (gpu_call, gpu_launch_shape,
+// gpu_arg_block, the generator) gives for that call's own buffers, while a changed
+// alignment, stride, shape, device, block-size override or GEMM chooser picks its own
+// variant, and a repeat call loads nothing.
+#include <thread>
+
+#include "../support/fake_gpu.hpp"
+#include "../support/reference.hpp"
+
+using namespace kiln;
+using namespace kiln::test;
+
+namespace {
+
+// A random f32 (or bf16) tensor on the CPU whatever the default device: the fake device reads CPU buffers.
+template <class DT = f32, class S>
+auto host(Rng& rng, S s) {
+  return Tensor<DT, int(std::tuple_size_v<S>)>::from(s, random_array(rng, DT::id, dims(s)).v, cpu());
+}
+
+struct Dispatch {
+  size_t loads = 0;  // programs the call loaded
+  std::vector<codegen::GpuVariant> vars;
+  const runtime::CompiledPlan* plan = nullptr;
+};
+
+// Runs the expressions' fused plan through `backend` on fake device `ordinal` and checks
+// each launch against the uncached path for the same bound buffers.
+template <class... Es>
+Dispatch dispatch(FakeGpuBackend& backend, int ordinal, const Es&... es) {
+  ir::Graph g = ir::trace(es...);
+  g.device.index = ordinal;
+  auto cp = runtime::plan_for(g, Mode::fused);
+  runtime::Bound b = runtime::bind_buffers(g, cp->plan);
+  FakeGpuDevice& dev = FakeGpuApi::device(ordinal);
+  const auto& p = dev.props;
+  int warp = p.warp_size;
+  runtime::GpuCall want = runtime::gpu_call(g, *cp, b, warp, p.cc_major * 10 + p.cc_minor, p.sm_count);
+  std::string src = FakeGpuBackend::source(g, cp->plan, want.vars, warp);
+  std::vector<size_t> kernels;
+  std::vector<std::vector<uint64_t>> blocks;
+  dev.record_words.clear();
+  for (size_t k = 0; k < cp->plan.kernels.size(); ++k) {
+    if (want.args[k].work == 0) continue;
+    uint64_t ws[codegen::kGpuSplitWords] = {};
+    runtime::gpu_arg_block(cp->layouts[k], want.args[k], want.vars[k], ws, blocks.emplace_back());
+    if (want.vars[k].split) blocks.back().resize(blocks.back().size() - codegen::kGpuSplitWords);  // the backend's workspace
+    kernels.push_back(k);
+    dev.record_words.push_back(blocks.back().size());
+  }
+  size_t loads = dev.modules.size();
+  auto c0 = counters();
+  dev.launched.clear();
+  dev.record = true;
+  backend.run(g, *cp, b);
+  dev.record = false;
+  CHECK(counters().kernels_launched - c0.kernels_launched == kernels.size());
+  REQUIRE(dev.launched.size() == kernels.size());
+  for (size_t i = 0; i < kernels.size(); ++i) {
+    const FakeGpuDevice::Launch& l = dev.launched[i];
+    const sched::Kernel& k = cp->plan.kernels[kernels[i]];
+    runtime::GpuLaunch L = runtime::gpu_launch_shape(k, want.args[kernels[i]], want.vars[kernels[i]], p.sm_count, warp);
+    CAPTURE(i);
+    CHECK(l.module->source == src);
+    CHECK(l.name == "kiln_k" + std::to_string(kernels[i]));
+    CHECK(std::tuple(l.grid.x, l.grid.y, l.grid.z) == std::tuple(L.grid.x, L.grid.y, L.grid.z));
+    CHECK(std::tuple(l.block.x, l.block.y, l.block.z) == std::tuple(L.block.x, L.block.y, L.block.z));
+    CHECK(l.shared_bytes == L.shared_bytes);
+    CHECK(l.words == blocks[i]);  // this call's pointers, meta and scalars
+  }
+  return {dev.modules.size() - loads, want.vars, cp.get()};
+}
+
+}  // namespace
+
+TEST_CASE("GPU dispatch: a repeat call loads nothing; a changed alignment, stride or shape picks its own variant") {
+  KILN_TEST_RNG(rng);
+  FakeGpuBackend backend;
+  auto x = host(rng, Shape<1>{4099}), base = host(rng, Shape<1>{4100});
+  Tensor<f32, 1> off = base.slice(0, 1, 4100);  // 4 bytes past an aligned start: no 16-byte vectors
+  auto plus_one = [](const Tensor<f32, 1>& t) { return t + 1.0f; };
+
+  Dispatch first = dispatch(backend, 0, plus_one(x));
+  CHECK(first.loads == 1);
+  CHECK(first.vars[0].vec == 4);
+  Dispatch again = dispatch(backend, 0, plus_one(x));  // new output buffer, same variant
+  CHECK(again.loads == 0);
+  CHECK(again.plan == first.plan);
+  Dispatch misaligned = dispatch(backend, 0, plus_one(off));
+  CHECK(misaligned.plan == first.plan);  // the same plan: the variant alone changes
+  CHECK(misaligned.loads == 1);
+  CHECK(misaligned.vars[0].vec == 0);
+  for (int round = 0; round < 2; ++round) {  // back and forth: each call its own variant, no new program
+    CAPTURE(round);
+    CHECK(dispatch(backend, 0, plus_one(x)).vars[0].vec == 4);
+    CHECK(dispatch(backend, 0, plus_one(off)).vars[0].vec == 0);
+  }
+  CHECK(FakeGpuApi::device(0).modules.size() >= 2);
+
+  // Strides: a transposed operand walks its innermost dim with a stride.
+  auto a = host(rng, Shape<2>{33, 64}), at = host(rng, Shape<2>{64, 33}).transpose(0, 1);
+  auto twice = [](const Tensor<f32, 2>& t) { return t * 2.0f; };
+  Dispatch unit = dispatch(backend, 0, twice(a));
+  Dispatch strided = dispatch(backend, 0, twice(at));
+  CHECK(strided.plan == unit.plan);
+  CHECK(unit.vars[0].strides[0] == codegen::Stride::unit);
+  CHECK(strided.vars[0].strides[0] == codegen::Stride::any);
+  CHECK(strided.loads == 1);
+  CHECK(dispatch(backend, 0, twice(a)).loads == 0);
+  CHECK(dispatch(backend, 0, twice(a)).vars[0].strides[0] == codegen::Stride::unit);
+
+  // Shapes: short rows share a warp, long rows take a block each.
+  auto short_rows = host(rng, Shape<2>{8, 64}), long_rows = host(rng, Shape<2>{8, 8192});
+  auto row_sum = [](const Tensor<f32, 2>& t) { return sum(t, -1); };
+  Dispatch s1 = dispatch(backend, 0, row_sum(short_rows));
+  Dispatch l1 = dispatch(backend, 0, row_sum(long_rows));
+  CHECK(l1.plan == s1.plan);
+  CHECK(s1.vars[0].group > 0);
+  CHECK(l1.vars[0].group == 0);
+  CHECK(dispatch(backend, 0, row_sum(short_rows)).vars[0].group == s1.vars[0].group);
+  CHECK(dispatch(backend, 0, row_sum(long_rows)).loads == 0);
+}
+
+TEST_CASE("GPU dispatch: the block-size override, a GEMM chooser and another device are seen by a repeat call") {
+  KILN_TEST_RNG(rng);
+  FakeGpuBackend backend;
+  auto rows = host(rng, Shape<2>{600, 2048});  // many rows: a block each, not split
+  auto row_max = [](const Tensor<f32, 2>& t) { return amax(t, -1); };
+  Dispatch chosen = dispatch(backend, 0, row_max(rows));
+  REQUIRE(chosen.vars[0].group == 0);  // a block per row: the override applies
+  REQUIRE(!chosen.vars[0].split);
+  runtime::gpu_block_rows_threads() = chosen.vars[0].threads == 128 ? 512 : 128;
+  Dispatch forced = dispatch(backend, 0, row_max(rows));
+  CHECK(forced.vars[0].threads == runtime::gpu_block_rows_threads().load());
+  CHECK(forced.loads == 1);
+  runtime::gpu_block_rows_threads() = 0;
+  CHECK(dispatch(backend, 0, row_max(rows)).vars[0].threads == chosen.vars[0].threads);
+
+  // A GEMM chooser hook decides what the inputs do not show.
+  auto a = host<bf16>(rng, Shape<2>{128, 64}), b = host<bf16>(rng, Shape<2>{64, 128});
+  auto mm = [](const Tensor<bf16, 2>& p, const Tensor<bf16, 2>& q) { return matmul(p, q); };
+  Dispatch heuristic = dispatch(backend, 0, mm(a, b));
+  REQUIRE(heuristic.vars.size() == 1);
+  REQUIRE(heuristic.vars[0].gemm.kind != codegen::GemmKind::simt);  // tensor cores on sm_90
+  codegen::gemm_chooser() = [](const codegen::GemmProblem&) { return std::optional(codegen::GemmConfig{}); };
+  Dispatch simt = dispatch(backend, 0, mm(a, b));
+  codegen::gemm_chooser() = nullptr;
+  CHECK(simt.vars[0].gemm.kind == codegen::GemmKind::simt);
+  CHECK(dispatch(backend, 0, mm(a, b)).vars[0].gemm.kind == heuristic.vars[0].gemm.kind);
+
+  // Device 1: a 64-lane warp (as an AMD wavefront) gets its own program of the same plan.
+  FakeGpuApi::device(1).props.warp_size = 64;
+  auto x = host(rng, Shape<2>{8, 64});
+  auto row_sum = [](const Tensor<f32, 2>& t) { return sum(t, -1); };
+  Dispatch on0 = dispatch(backend, 0, row_sum(x));
+  Dispatch on1 = dispatch(backend, 1, row_sum(x));
+  CHECK(on1.plan == on0.plan);
+  CHECK(on1.loads == 1);
+  CHECK(FakeGpuApi::device(1).modules.back().source.find("#define KILN_WARP 64") != std::string::npos);
+  CHECK(dispatch(backend, 0, row_sum(x)).loads == 0);
+  CHECK(dispatch(backend, 1, row_sum(x)).loads == 0);
+}
+
+TEST_CASE("GPU dispatch: many plans, other threads and a new backend each get their own programs") {
+  KILN_TEST_RNG(rng);
+  auto x = host(rng, Shape<1>{1000});
+  {
+    FakeGpuBackend backend;
+    // More plans than a thread keeps last calls of, twice over: evicted entries start again.
+    auto run_all = [&] {
+      size_t loads = 0;
+      loads += dispatch(backend, 0, x + 1.0f).loads;
+      loads += dispatch(backend, 0, x * 2.0f).loads;
+      loads += dispatch(backend, 0, exp(x)).loads;
+      loads += dispatch(backend, 0, log(x * x + 1.0f)).loads;
+      loads += dispatch(backend, 0, sqrt(x * x)).loads;
+      loads += dispatch(backend, 0, x - 3.0f).loads;
+      loads += dispatch(backend, 0, sin(x)).loads;
+      loads += dispatch(backend, 0, cos(x)).loads;
+      loads += dispatch(backend, 0, tanh(x)).loads;
+      loads += dispatch(backend, 0, sigmoid(x)).loads;
+      loads += dispatch(backend, 0, abs(x)).loads;
+      return loads;
+    };
+    CHECK(run_all() == 11);
+    CHECK(run_all() == 0);
+    std::thread([&] { CHECK(dispatch(backend, 0, x + 1.0f).loads == 0); }).join();  // a fresh thread's first call
+  }
+  // A backend made after another was destroyed (perhaps at its address) loads its own program.
+  FakeGpuBackend second;
+  CHECK(dispatch(second, 0, x + 1.0f).loads == 1);
+  CHECK(dispatch(second, 0, x + 1.0f).loads == 0);
+}
