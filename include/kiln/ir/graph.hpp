@@ -11,6 +11,7 @@
 #pragma once
 #include <cstring>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "kiln/core/hash.hpp"
@@ -193,7 +194,7 @@ class Tracer {
         // sliced view) reads a contiguous copy.
         if (n.view->kind == ViewKind::reshape && !contiguous_value(ids[0])) ids[0] = copy_of(ids[0]);
       }
-      return add(std::move(n), {ids.begin(), ids.end()});
+      return add(std::move(n), std::span<const int32_t>(ids));
     }
   }
 
@@ -288,8 +289,8 @@ class Tracer {
     return add(std::move(n), {leaf});
   }
 
-  int add(Node&& n, std::initializer_list<int32_t> ids) { return add(std::move(n), std::vector<int32_t>(ids)); }
-  int add(Node&& n, const std::vector<int32_t>& ids) {
+  int add(Node&& n, std::initializer_list<int32_t> ids) { return add(std::move(n), std::span(ids.begin(), ids.size())); }
+  int add(Node&& n, std::span<const int32_t> ids) {
     // Dedup: a node equal to an earlier one in everything that makes a value is that node.
     uint64_t fp = dedup_fingerprint(n, ids);
     if (int same = seen_.find(fp, [&](int id) { return same_value(g_.nodes[size_t(id)], n, ids); }); same >= 0) return same;
@@ -312,7 +313,7 @@ class Tracer {
     std::memcpy(&b, &v, 8);
     return b;
   }
-  static uint64_t dedup_fingerprint(const Node& n, const std::vector<int32_t>& ids) {
+  static uint64_t dedup_fingerprint(const Node& n, std::span<const int32_t> ids) {
     using F = FingerprintIndex;
     uint64_t h = F::mix(uint64_t(n.op) | uint64_t(n.dtype) << 8 | uint64_t(n.rank) << 16 | uint64_t(n.axes) << 32, bits(n.value));
     h = F::mix(h, uint64_t(uint32_t(n.dim)) ^ n.seed * 31 ^ n.offset * 131);
@@ -323,7 +324,7 @@ class Tracer {
   }
   // Everything that makes two nodes the same value: op, attributes, shape, arguments; for
   // leaves the memory they read.
-  bool same_value(const Node& a, const Node& b, const std::vector<int32_t>& ids) const {
+  bool same_value(const Node& a, const Node& b, std::span<const int32_t> ids) const {
     if (a.op != b.op || a.dtype != b.dtype || a.rank != b.rank || a.axes != b.axes || a.dim != b.dim ||
         bits(a.value) != bits(b.value) || a.seed != b.seed || a.offset != b.offset || a.nargs != ids.size())
       return false;

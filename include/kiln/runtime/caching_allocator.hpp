@@ -81,7 +81,7 @@ class CachingAllocator {
     if (auto it = free_.find(cls); it != free_.end() && !it->second.empty()) {
       Pointer p = it->second.back();
       it->second.pop_back();
-      live_.emplace(p, cls);
+      track_locked(p, cls);
       ++stats_.reuses;
       stats_.bytes_cached -= cls;
       stats_.bytes_in_use += cls;
@@ -99,7 +99,7 @@ class CachingAllocator {
                   std::to_string(stats_.bytes_in_use) + " bytes in use and " + std::to_string(stats_.bytes_cached) +
                   " cached");
     }
-    live_.emplace(p, cls);
+    track_locked(p, cls);
     ++stats_.device_allocs;
     stats_.bytes_in_use += cls;
     return p;
@@ -116,7 +116,8 @@ class CachingAllocator {
                   " did not hand out, or that was released already");
     }
     size_t cls = it->second;
-    live_.erase(it);
+    if (spare_.size() < kSpareNodes) spare_.push_back(live_.extract(it));
+    else live_.erase(it);
     stats_.bytes_in_use -= cls;
     if (stats_.bytes_cached + cls > cache_limit_) {
       backend_.wait_idle();
@@ -158,6 +159,18 @@ class CachingAllocator {
     return buf;
   }
 
+  // Records a handed-out block, in a map node a release left (no heap allocation per call).
+  void track_locked(Pointer p, size_t cls) {
+    if (spare_.empty()) {
+      live_.emplace(p, cls);
+      return;
+    }
+    auto node = std::move(spare_.back());
+    spare_.pop_back();
+    node.key() = p, node.mapped() = cls;
+    live_.insert(std::move(node));
+  }
+
   void free_cached_locked() {
     if (stats_.bytes_cached == 0) return;
     // Blocks were released in stream order, so kernels queued before their
@@ -179,6 +192,8 @@ class CachingAllocator {
   mutable std::mutex mutex_;
   std::unordered_map<size_t, std::vector<Pointer>> free_;  // class -> blocks
   std::unordered_map<Pointer, size_t> live_;               // block -> class
+  static constexpr size_t kSpareNodes = 64;
+  std::vector<typename std::unordered_map<Pointer, size_t>::node_type> spare_;  // live_'s released nodes, for reuse
   CachingAllocatorStats stats_;
 };
 
