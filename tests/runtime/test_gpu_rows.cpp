@@ -2,11 +2,14 @@
 // SPDX-License-Identifier: Apache-2.0
 //
 // The GPU rows strategies (runtime/gpu_backend.hpp, codegen/gpu.hpp): several short
-// rows per warp, a warp per row, a block per row (kept in registers), and split rows (few long rows of a one-pass
-// reduction: several blocks per row, the last one combines the partials).
+// rows per warp, a warp per row, a block per row (kept in registers), split rows (few long rows of a one-pass
+// reduction: several blocks per row, the last one combines the partials), and column
+// rows (reduced along a strided dim: 16-byte chunks of columns or a column per lane,
+// split or not).
 //   * anywhere (the cpu suite, and gpu-foundation on the default GPU): the shapes
 //     that pick each strategy against float64 references, twice (a split kernel
 //     resets its counters for the next launch), one kernel each;
+//   * host side (no GPU): the column form, block and grid each shape, dtype and view gets;
 //   * nvrtc / hiprtc (no GPU): which strategy each shape gets, and the programs
 //     compile for sm_80, sm_90, gfx90a (wave64) and gfx1030 (wave32);
 //   * gpu: the same numbers on kiln::cuda(0).
@@ -50,24 +53,71 @@ void check_row_reductions(Device d, int64_t rows, int64_t n, Layout l) {
   CHECK(read(a2).v == read(a1).v);
 }
 
-// sum, amax and mean over the first dim of a random [rows, n] operand (columns: the
-// kept dim contiguous, the reduced one strided), on device `d`, in one kernel.
-void check_col_reductions(Device d, int64_t rows, int64_t n) {
-  KILN_TEST_RNG(rng);
-  auto in = input<f32, 2>(rng, Shape<2>{rows, n});
-  auto x = on(d, in.t);
-  std::string what = "columns of [" + std::to_string(rows) + ", " + std::to_string(n) + "] on " + d.str();
+// Column reductions over dim R - 2 of x (on its device, any view; `a` its values), the last
+// dim kept and contiguous, against float64: sum and amax in one kernel, twice, bit for bit
+// the same (split column rows combine their parts in a fixed order); the mean; fused
+// producers x * w, w broadcast along the reduced dim (16-byte loads of both where x has
+// them), and x * c, c broadcast along the kept ones (a column per lane).
+template <class DT, int R>
+void check_columns(Rng& rng, const Tensor<DT, R>& x, const Array& a, const std::string& what) {
+  constexpr int dim = R - 2;
   CAPTURE(what);
-  Array s = ref::sum(in.a, {0}), scale = ref::abs_sum(in.a, {0}), m = ref::amax(in.a, {0});
-  Array mean = ref::map(s, [&](double v) { return v / double(rows); });
-  Array mean_scale = ref::map(scale, [&](double v) { return v / double(rows); });
+  const Tol t = tol<DT>();
+  Array s = ref::sum(a, {dim}), scale = ref::abs_sum(a, {dim}), m = ref::amax(a, {dim});
   auto c0 = counters();
-  auto [s1, m1] = eval(sum(x, 0), amax(x, 0));
-  CHECK(counters().kernels_launched - c0.kernels_launched == 1);
-  Tensor<f32, 1> a1 = kiln::mean(x, 0);
-  check_close(s1, s, tol<f32>(), "sum " + what, &scale);
+  auto [s1, m1] = eval(sum(x, dim), amax(x, dim));
+  CHECK(counters().kernels_launched - c0.kernels_launched == 1);  // both reductions in one kernel
+  auto [s2, m2] = eval(sum(x, dim), amax(x, dim));
+  check_close(s1, s, t, "sum " + what, &scale);
   check_close(m1, m, Tol{0, 0}, "amax " + what);
-  check_close(a1, mean, tol<f32>(), "mean " + what, &mean_scale);
+  CHECK(read(s2).v == read(s1).v);
+  CHECK(read(m2).v == read(m1).v);
+  if constexpr (FloatDType<DT>) {
+    double rows = double(a.shape[size_t(dim)]);
+    Tensor<DT, R - 1> mean = kiln::mean(x, dim);
+    Array want = ref::map(s, [&](double v) { return v / rows; }), want_scale = ref::map(scale, [&](double v) { return v / rows; });
+    check_close(mean, want, t, "mean " + what, &want_scale);
+  }
+  auto w = input<DT, 1>(rng, Shape<1>{a.shape.back()});
+  auto c = input<DT, 2>(rng, Shape<2>{a.shape[size_t(dim)], 1});
+  Array xw = ref::prim(Prim::mul, a, w.a), xc = ref::prim(Prim::mul, a, c.a);
+  Array xw_scale = ref::abs_sum(xw, {dim}), xc_scale = ref::abs_sum(xc, {dim});
+  Tensor<DT, R - 1> sw = sum(x * on(x.device(), w.t), dim), sc = sum(x * on(x.device(), c.t), dim);
+  check_close(sw, ref::sum(xw, {dim}), t.scaled(2), "sum(x * w) " + what, &xw_scale);
+  check_close(sc, ref::sum(xc, {dim}), t.scaled(2), "sum(x * c) " + what, &xc_scale);
+}
+
+// The column views of a random [rows, n] (or [batch, rows, n]) operand of dtype DT, on
+// device d: contiguous, and `unaligned` (columns 1 .. n of a [rows, n + 1] operand: a
+// start and rows off 16 bytes).
+template <class DT>
+void check_columns(Device d, int64_t rows, int64_t n, bool unaligned = false, int64_t batch = 0) {
+  KILN_TEST_RNG(rng);
+  std::string what = std::string(unaligned ? "unaligned " : "") + dtype_name<DT>() + " columns of [" +
+                     (batch ? std::to_string(batch) + ", " : "") + std::to_string(rows) + ", " + std::to_string(n) + "] on " + d.str();
+  int64_t width = n + (unaligned ? 1 : 0);
+  if (batch) {
+    auto in = input<DT, 3>(rng, Shape<3>{batch, rows, width});
+    check_columns<DT, 3>(rng, on(d, in.t).slice(2, width - n, width), ref::slice(in.a, 2, width - n, width), what);
+  } else {
+    auto in = input<DT, 2>(rng, Shape<2>{rows, width});
+    check_columns<DT, 2>(rng, on(d, in.t).slice(1, width - n, width), ref::slice(in.a, 1, width - n, width), what);
+  }
+}
+
+// Every column form (runtime/gpu_backend.hpp's choice for a 132-SM device; the test
+// "column rows: ..." below asserts it) in each dtype's chunk width.
+template <class DT>
+void check_column_forms(Device d) {
+  check_columns<DT>(d, 600, 512);                   // 16-byte chunks, rows split in 4 parts
+  check_columns<DT>(d, 2048, 256);                  // few columns: one column block, 16 parts
+  check_columns<DT>(d, 40, 8192);                   // many columns: not split
+  check_columns<DT>(d, 600, 777);                   // odd width: a column per lane, split
+  check_columns<DT>(d, 600, 512, true);             // unaligned: a column per lane, split
+  check_columns<DT>(d, 3, 1025);                    // few rows: one row group
+  check_columns<DT>(d, 1, 4096);                    // one row
+  check_columns<DT>(d, 300, 64, false, 7);          // two kept dims, 16-byte chunks, split
+  check_columns<DT>(d, 301, 66, false, 5);          // two kept dims, a column per lane
 }
 
 // softmax over rows of n (two passes and a store pass; kept in registers where it fits).
@@ -98,10 +148,17 @@ void check_strategies(Device d) {
   check_row_reductions(d, 9, 700, Layout::contiguous);
   // 40000: a block per row too long to keep (batches of 16-byte loads, a store pass).
   for (int64_t n : {7, 100, 1000, 8192, 12000, 40000}) check_softmax(d, 5, n);
-  // Columns (a thread per column): odd widths, few rows, many rows.
-  check_col_reductions(d, 1000, 777);
-  check_col_reductions(d, 3, 1025);
-  check_col_reductions(d, 3001, 520);
+  // Column rows: each form in each float dtype; f64 (2-wide chunks) and i32 (exact) in two.
+  // NOTE: the other dtypes only on a GPU: on the CPU they test no column kernel, and their
+  // plans' compiles would cost CI tens of seconds.
+  check_column_forms<f32>(d);
+  if (d.kind == DeviceKind::cpu) return;
+  check_column_forms<bf16>(d);
+  check_column_forms<f16>(d);
+  check_columns<f64>(d, 600, 512);
+  check_columns<f64>(d, 600, 777);
+  check_columns<i32>(d, 2048, 256);
+  check_columns<i32>(d, 600, 777, true);
 }
 
 // Plans of every strategy, with the variant each must get on a wave32 device.
@@ -124,13 +181,6 @@ std::vector<std::string> strategy_programs(int warp) {
     auto t = Tensor<f32, 2>::empty(Shape<2>{100003, 2}, cpu()).transpose(0, 1);  // strided split rows
     auto [src, v] = program(amax(t, -1), kiln::mean(t, -1));
     CHECK(v[0].split);
-    out.push_back(src);
-  }
-  {
-    auto [src, v] = program(sum(x(8192, 600), 0), amax(x(5000, 700), 0));  // column reductions: a thread per column
-    REQUIRE(v.size() == 2);
-    for (const auto& k : v) CHECK(k.cols);
-    CHECK(src.find("kiln_cols_reduce<") != std::string::npos);
     out.push_back(src);
   }
   {
@@ -170,7 +220,80 @@ std::vector<std::string> strategy_programs(int warp) {
   return out;
 }
 
+// Column-rows plans of every form, with the variant and grid each gets on a device of
+// `warp` lanes and 132 multiprocessors (an H200), checked where the warp is 32.
+template <class Backend>
+std::vector<std::string> column_programs(int warp) {
+  std::vector<std::string> out;
+  auto program = [&](const auto&... es) {
+    GpuProgram p = gpu_program<Backend>(warp, 90, 132, es...);
+    out.push_back(p.src);
+    return p;
+  };
+  auto f = [](int64_t r, int64_t n) { return Tensor<f32, 2>::empty(Shape<2>{r, n}, cpu()); };
+  auto b = [](int64_t r, int64_t n) { return Tensor<bf16, 2>::empty(Shape<2>{r, n}, cpu()); };
+  const bool w32 = warp == 32;
+  // One kernel's form: 16-byte chunks of `vec`, `threads`, the grid (column blocks, parts).
+  auto form = [&](const GpuProgram& p, size_t k, int vec, int threads, unsigned blocks, unsigned parts) {
+    REQUIRE(p.vars.size() > k);
+    const codegen::GpuVariant& v = p.vars[k];
+    if (!w32) return;  // a wave64 device takes 512 columns and more (column_rows): not all of these
+    CHECK(v.cols);
+    CHECK(v.vec == vec);
+    CHECK(v.threads == threads);
+    CHECK(v.split == (parts > 1));
+    CHECK(p.launches[k].grid.x == blocks);
+    CHECK(p.launches[k].grid.y == parts);
+  };
+  // The bias gradients of W4 (bench/gpu_bench.cpp): 8 bf16 columns a lane, split so that the
+  // column blocks times the parts about fill 132 multiprocessors at 1024 threads each.
+  form(program(sum(b(8192, 4096), 0)), 0, 8, 256, 16, 33);
+  form(program(sum(b(8192, 16384), 0)), 0, 8, 256, 64, 8);
+  {
+    auto x = f(600, 512);
+    GpuProgram p = program(sum(x, 0), amax(x, 0));  // one kernel, two reductions
+    REQUIRE(p.vars.size() == 1);
+    form(p, 0, 4, 256, 4, 4);
+    CHECK(p.src.find("kiln_cols_reduce<4, kiln_groups>") != std::string::npos);
+    CHECK(p.src.find("kiln_load_vec<4>") != std::string::npos);
+    CHECK(p.src.find("atomicAdd(kiln_count + blockIdx.x") != std::string::npos);
+  }
+  form(program(sum(f(2048, 256), 0)), 0, 4, 256, 2, 16);
+  form(program(sum(b(2048, 256), 0)), 0, 8, 256, 1, 16);
+  form(program(sum(f(40, 8192), 0)), 0, 4, 128, 64, 1);  // many columns, few rows: 4 row groups, not split
+  {
+    GpuProgram p = program(sum(f(600, 777), 0));           // odd width: a column per lane, split
+    form(p, 0, 0, 256, 25, 4);
+    CHECK(p.src.find("kiln_load_vec<") == std::string::npos);
+  }
+  form(program(sum(f(600, 513).slice(1, 1, 513), 0)), 0, 0, 256, 16, 4);  // unaligned view
+  form(program(sum(f(3, 1025), 0)), 0, 0, 32, 33, 1);                     // three rows: one row group
+  {
+    auto x3 = Tensor<f32, 3>::empty(Shape<3>{7, 300, 64}, cpu());  // two kept dims [7, 64]
+    form(program(sum(x3, 1)), 0, 4, 256, 4, 2);
+    form(program(sum(Tensor<f32, 3>::empty(Shape<3>{5, 301, 66}, cpu()), 1)), 0, 0, 256, 11, 2);
+  }
+  {
+    auto x = f(600, 512);
+    auto w = Tensor<f32, 1>::empty(Shape<1>{512}, cpu());
+    auto c = Tensor<f32, 2>::empty(Shape<2>{600, 1}, cpu());
+    GpuProgram pw = program(sum(x * w, 0));  // w broadcast along the rows: 16-byte chunks, two loads of 2 rows a batch
+    form(pw, 0, 4, 256, 4, 4);
+    CHECK(pw.src.find("for (int k = 0; k < 2; ++k) kiln_load_vec<4>") != std::string::npos);
+    form(program(sum(x * c, 0)), 0, 0, 256, 16, 4);  // c broadcast along the columns: a column per lane
+  }
+  // 8-byte accumulators: f64 in 2-wide chunks; bool loads in 16-wide ones summed in i64,
+  // so 64 threads keep the combine's shared buffer at 8 KB.
+  form(program(sum(Tensor<f64, 2>::empty(Shape<2>{600, 512}, cpu()), 0)), 0, 2, 256, 8, 4);
+  form(program(sum(cast<i64>(Tensor<boolean, 2>::empty(Shape<2>{600, 512}, cpu())), 0)), 0, 16, 64, 1, 18);
+  return out;
+}
+
 }  // namespace
+
+TEST_CASE("column rows: the form each shape, dtype and view gets (host side, no GPU)") {
+  column_programs<runtime::CudaBackend>(32);
+}
 
 TEST_CASE("rows strategies: split rows, rows per lane group, per warp, per block, against float64") {
   check_strategies(default_device());
@@ -178,12 +301,14 @@ TEST_CASE("rows strategies: split rows, rows per lane group, per warp, per block
 
 TEST_SUITE("nvrtc") {
 
-TEST_CASE("rows strategies: each shape's variant, and the programs compile for sm_80 and sm_90") {
+TEST_CASE("rows strategies and column rows: each shape's variant, and the programs compile for sm_80 and sm_90") {
   if (!jit::nvrtc_available()) {
     MESSAGE("NVRTC not found: skipped");
     return;
   }
-  for (const std::string& src : strategy_programs<runtime::CudaBackend>(32)) {
+  std::vector<std::string> programs = strategy_programs<runtime::CudaBackend>(32), columns = column_programs<runtime::CudaBackend>(32);
+  programs.insert(programs.end(), columns.begin(), columns.end());
+  for (const std::string& src : programs) {
     for (int cc : {80, 90}) CHECK(jit::cubin_sm(jit::nvrtc_compile(src, "kiln_plan", cc / 10, cc % 10)) == cc);
   }
 }
@@ -200,8 +325,10 @@ TEST_CASE("rows strategies: the programs compile for gfx90a (wave64) and gfx1030
   for (std::string arch : {"gfx90a", "gfx1030"}) {
     CAPTURE(arch);
     REQUIRE(jit::hiprtc_target_supported(arch));
-    for (const std::string& src : strategy_programs<runtime::HipBackend>(runtime::hip_target_warp_size(arch)))
-      CHECK(jit::detail::is_amdgpu_code_object(jit::hiprtc_compile(src, "kiln_plan", arch, {})));
+    int warp = runtime::hip_target_warp_size(arch);
+    std::vector<std::string> programs = strategy_programs<runtime::HipBackend>(warp), columns = column_programs<runtime::HipBackend>(warp);
+    programs.insert(programs.end(), columns.begin(), columns.end());
+    for (const std::string& src : programs) CHECK(jit::detail::is_amdgpu_code_object(jit::hiprtc_compile(src, "kiln_plan", arch, {})));
   }
 }
 

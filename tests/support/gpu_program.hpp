@@ -6,7 +6,7 @@
 // CPU buffers (64-byte aligned, so the 16-byte vector and tensor-core variants are
 // chosen as they would be for fresh device buffers). Takes the backend, the
 // device's warp size, NVIDIA compute capability (0: another vendor) and SM count;
-// gives each kernel's kind and variant and the program's text.
+// gives each kernel's kind, variant and launch shape, and the program's text.
 #pragma once
 #include <string>
 #include <vector>
@@ -18,6 +18,7 @@ namespace kiln::test {
 struct GpuProgram {
   std::vector<sched::KernelKind> kinds;
   std::vector<codegen::GpuVariant> vars;
+  std::vector<runtime::GpuLaunch> launches;
   std::string src;
   // The variants of the matmul kernels, in plan order.
   std::vector<codegen::GpuVariant> matmuls() const {
@@ -37,6 +38,8 @@ GpuProgram gpu_program(int warp, int arch, int sm_count, const Es&... es) {
   GpuProgram p;
   for (const auto& k : cp->plan.kernels) p.kinds.push_back(k.kind);
   p.vars = call.vars;
+  for (size_t k = 0; k < call.vars.size(); ++k)
+    p.launches.push_back(runtime::gpu_launch_shape(cp->plan.kernels[k], call.args[k], call.vars[k], sm_count, warp));
   p.src = Backend::source(g, cp->plan, call.vars, warp);
   return p;
 }

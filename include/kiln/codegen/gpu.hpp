@@ -24,9 +24,12 @@
 //            last block of a row to finish combines the partials (a second pass
 //            over a workspace of 8-byte partials and one counter per row).
 //   cols     one-pass rows reduced along a strided dim with the kept dim contiguous
-//            (column sums, a bias gradient): a thread per kept index, so a warp
-//            reads consecutive addresses; blocks of warp-many columns by row groups,
-//            combined through shared memory in a fixed order.
+//            (column sums, a bias gradient): a lane per V consecutive kept indices
+//            (vec V > 0: one 16-byte load per row; else a column per lane), so a warp
+//            reads consecutive addresses; blocks of warp-many lanes by row groups, each
+//            with several rows' loads in flight, combined through shared memory in a
+//            fixed order; with split, gridDim.y parts of the rows per column block,
+//            the last block of a column block to finish combining the parts.
 //   gemm     matmul kernels: the GEMM config and operand layouts (codegen/gemm.hpp).
 #pragma once
 #include <algorithm>
@@ -48,7 +51,7 @@ struct GpuVariant {
   int group = 0;      // rows: lanes per row (1 .. warp); 0: a block per row
   int persist = 0;    // block rows: V-chunks per thread kept in registers across passes (the row is read once)
   bool split = false; // block rows: several blocks per row, partials combined by the last one
-  bool cols = false;  // one-pass rows reduced along a strided dim: a thread per kept index (column)
+  bool cols = false;  // one-pass rows reduced along a strided dim: a lane per V kept indices (columns)
   int threads = 256;  // block size; the kernel's launch bounds
   GemmConfig gemm;       // matmul: tile shapes and kind
   GemmOperands gemm_ops; // matmul: which dim of A and B is contiguous
@@ -252,6 +255,7 @@ class GpuKernelWriter {
   }
 
   std::string rows() {
+    if (v_.cols) return cols();
     find_kept();
     ValueEmitter ve(g_, k_, l_);
     ve.reciprocal_of_row_values();
@@ -265,10 +269,6 @@ class GpuKernelWriter {
       s += "  const bool live = r0 < outer;\n  const int64_t r = live ? r0 : outer - 1;\n";
       s += "  const int lane = threadIdx.x % " + G + ", gsize = " + G + ";\n";
       s += "  if (outer == 0 || (" + G + " == KILN_WARP && !live)) return;\n";
-    } else if (v_.cols) {  // KILN_WARP consecutive rows (columns in memory) per block, by row groups
-      s += "  const int64_t r0 = (int64_t)blockIdx.x * KILN_WARP + threadIdx.x % KILN_WARP;\n";
-      s += "  const bool live = r0 < outer;\n  const int64_t r = live ? r0 : outer - 1;\n";
-      s += "  const int lane = threadIdx.x / KILN_WARP, gsize = blockDim.x / KILN_WARP;\n  if (outer == 0) return;\n";
     } else if (v_.split) {  // gridDim.x / outer blocks per row, each over one span of it
       s += "  const bool live = true;\n  const int64_t split = (int64_t)gridDim.x / outer, r = blockIdx.x / split, part = blockIdx.x % split;\n";
       s += "  const int lane = threadIdx.x, gsize = blockDim.x;\n";
@@ -326,7 +326,6 @@ class GpuKernelWriter {
         t += "      if (j + " + V + " <= hi) {\n" + vec_body() + "      } else {\n";
         t += "        for (int64_t jj = j; jj < hi; ++jj) {\n          const int64_t j = jj;\n" + body_scalar + "        }\n      }\n    }\n";
       } else {
-        if (v_.cols) t += "#pragma unroll 4\n";  // loads of several rows in flight
         t += "    for (int64_t c = lo + lane; c < hi; c += gsize) {\n";
         t += "      const int64_t ir = irows > 1 ? c / inner : 0, j = c - ir * inner;\n";
         t += offsets("ir", "no", "nd - 1", "i", "      ");
@@ -369,7 +368,6 @@ class GpuKernelWriter {
         std::string a = "a" + std::to_string(id);
         s += "  " + std::string(v_.split ? "" : "const ") + compute_type(n.dtype) + " r" + std::to_string(id) + " = " +
              (v_.group ? "kiln_group_reduce<" + G + ">(" + a + ", " + op_name(n.op) + "())"
-              : v_.cols ? "kiln_cols_reduce<" + std::to_string(sites_++) + ">(" + a + ", " + op_name(n.op) + "())"
                         : "kiln_block_reduce<" + std::to_string(sites_++) + ">(" + a + ", " + op_name(n.op) + "(), " + ident(n) + ")") + ";\n";
         ve.bind(id, "r" + std::to_string(id));
       }
@@ -383,6 +381,131 @@ class GpuKernelWriter {
     s += "  if (lane == 0 && live) {\n" + bases("    ", "o#") + "    const int64_t j = 0; (void)j;\n";
     s += element(ve, "    ", [&](size_t i) { return bool(k_.row_level_[i]); }, false);
     return s + "  }\n";
+  }
+  // Column rows: the one reduced dim nd - 1 strided, the kept dims 0 .. no - 1 with the last
+  // contiguous. A thread holds V consecutive columns (with V > 1 one 16-byte load per row and
+  // slot) and walks the rows of its row group, the loads of U rows issued before any is used;
+  // a block is KILN_WARP column lanes by `kiln_groups` row groups, combined through shared
+  // memory in a fixed order. Split: blockIdx.y is one of gridDim.y equal parts of the rows;
+  // each block leaves its partials in the workspace and the last block of a column block to
+  // finish combines them, parts in a fixed order (the same sums on every run).
+  std::string cols() {
+    ValueEmitter ve(g_, k_, l_);
+    ve.reciprocal_of_row_values();
+    const int V = std::max(v_.vec, 1);
+    const std::string Vs = std::to_string(V);
+    std::string s = "  constexpr int kiln_groups = " + std::to_string(v_.threads) + " / KILN_WARP;\n";
+    s += "  int64_t outer = 1;\n  for (int d = 0; d < no; ++d) outer *= sz[d];\n";
+    s += "  const int64_t rows = sz[nd - 1], parts = gridDim.y, part = blockIdx.y;\n";
+    s += "  const int lane = threadIdx.x % KILN_WARP, grp = threadIdx.x / KILN_WARP;\n";
+    s += "  const int64_t r0 = ((int64_t)blockIdx.x * KILN_WARP + lane) * " + Vs + ";\n";
+    s += "  const bool live = r0 < outer;\n  const int64_t r = live ? r0 : 0;\n";
+    s += "  const int64_t span = (rows + parts - 1) / parts, lo = part * span;\n";
+    s += "  const int64_t hi = !live ? lo : lo + span < rows ? lo + span : rows;\n";
+    s += offsets("r", "0", "no", "o", "  ");
+    s += bases("  ", "o#");
+    if (V > 1)  // each slot's step along the kept dim (1 for the loads: the host checks it)
+      for (size_t i = 0; i < l_.slots.size(); ++i) {
+        std::string si = std::to_string(i);
+        s += "  const int64_t c" + si + " = st[" + si + " * nd + no - 1]; (void)c" + si + ";\n";
+      }
+    std::string col = V > 1 ? " + u * c" : "";
+    for (int id : k_.reduces) {
+      const ir::Node& n = g_.nodes[size_t(id)];
+      std::string a = "a" + std::to_string(id);
+      s += "  " + compute_type(n.dtype) + " " + a + "[" + Vs + "];\n#pragma unroll\n  for (int u = 0; u < " + Vs + "; ++u) " + a +
+           "[u] = " + ident(n) + ";\n";
+    }
+    // Row j + k * kiln_groups, column u: the value of each reduction's argument, folded in.
+    std::vector<uint8_t> used(l_.slots.size(), 0);
+    std::string body, tail;
+    {
+      auto saved = ve.save();
+      const std::string ind = "          ";
+      auto ld = [&](int i) {
+        used[size_t(i)] = 1;
+        return to_compute(slot_dtype(i), "L" + std::to_string(i) + "[k][u]");
+      };
+      auto ix = [&](int i) {
+        std::string si = std::to_string(i);
+        return "(q" + si + " + (j + k * kiln_groups) * s" + si + (V > 1 ? " + u * c" + si : "") + ")";
+      };
+      for (int id : k_.reduces) {
+        const ir::Node& n = g_.nodes[size_t(id)];
+        std::string v = ve.value(g_.arg(n, 0), body, ind, ld, ix), a = "a" + std::to_string(id) + "[u]";
+        tail += ind + a + " = " + op_name(n.op) + "()(" + a + ", " + v + ");\n";
+      }
+      ve.restore(saved);
+      body += tail;
+    }
+    // U rows per batch: about 64 bytes of loads in flight per thread (16-byte chunks) or
+    // eight scalars, shared by the slots read.
+    int nread = int(std::count(used.begin(), used.end(), uint8_t(1)));
+    int U = std::max(1, (V > 1 ? 4 : 8) / std::max(nread, 1));
+    // Rows j + k * kiln_groups, k < U: every load issued, then folded in row order (`guard`:
+    // only the rows before hi).
+    const std::string Us = std::to_string(U);
+    auto batch = [&](bool guard, const std::string& ind) {
+      std::string t, when = guard ? "if (j + k * kiln_groups < hi) " : "";
+      for (size_t i = 0; i < l_.slots.size(); ++i) {
+        if (!used[i]) continue;
+        std::string si = std::to_string(i), row = "(j + k * kiln_groups) * s" + si;
+        t += ind + "alignas(16) " + stype(int(i)) + " L" + si + "[" + Us + "][" + Vs + "];\n";
+        t += "#pragma unroll\n" + ind + "for (int k = 0; k < " + Us + "; ++k) " + when +
+             (V > 1 ? "kiln_load_vec<" + Vs + ">(L" + si + "[k], q" + si + " + " + row + ");\n" : "L" + si + "[k][0] = q" + si + "[" + row + "];\n");
+      }
+      t += "#pragma unroll\n" + ind + "for (int k = 0; k < " + Us + "; ++k) " + when + "{\n#pragma unroll\n" + ind + "  for (int u = 0; u < " + Vs +
+           "; ++u) {\n" + body + ind + "  }\n" + ind + "}\n";
+      return t;
+    };
+    s += "  {\n    int64_t j = lo + grp;\n";
+    s += "    for (; j + " + std::to_string(U - 1) + " * kiln_groups < hi; j += " + Us + " * kiln_groups) {\n" + batch(false, "      ") + "    }\n";
+    if (U > 1)  // fewer than U rows left: one batch still, its loads guarded
+      s += "    if (j < hi) {\n" + batch(true, "      ") + "    }\n";
+    s += "  }\n";
+    for (int id : k_.reduces)
+      s += "  kiln_cols_reduce<" + Vs + ", kiln_groups>(a" + std::to_string(id) + ", " + op_name(g_.nodes[size_t(id)].op) + "());\n";
+    if (v_.split) s += combine_cols(V);
+    s += "  if (grp == 0 && live) {\n#pragma unroll\n    for (int u = 0; u < " + Vs + "; ++u) {\n";
+    s += bases("      ", V > 1 ? "o# + u * c#" : "o#") + "      const int64_t j = 0; (void)j;\n";
+    for (int id : k_.reduces) ve.bind(id, "a" + std::to_string(id) + "[u]");
+    s += element(ve, "      ", [](size_t) { return true; }, false);
+    return s + "    }\n  }\n";
+  }
+  // Split column rows, after each block's own combine: row group 0's V columns per lane to
+  // the workspace (reduction q's values of column block x, part p at region q, entry
+  // x * parts + p, KILN_WARP * V wide); the last block of the column block to arrive reads
+  // the parts back, row group g parts g, g + kiln_groups, ..., and combines them as the rows
+  // were; it resets the column block's counter for the next launch.
+  std::string combine_cols(int V) {
+    std::string Vs = std::to_string(V);
+    std::string s = "  kiln_u64* const kiln_part = (kiln_u64*)args.ws[0];\n  unsigned* const kiln_count = (unsigned*)args.ws[1];\n";
+    s += "  const int64_t kiln_width = (int64_t)KILN_WARP * " + Vs + ", kiln_region = (int64_t)gridDim.x * parts * kiln_width;\n";
+    auto at = [&](size_t q, const std::string& t, const std::string& p) {
+      return "(" + t + "*)(kiln_part + " + std::to_string(q) + " * kiln_region) + ((int64_t)blockIdx.x * parts + " + p +
+             ") * kiln_width + lane * " + Vs;
+    };
+    s += "  if (grp == 0 && live) {\n";
+    for (size_t q = 0; q < k_.reduces.size(); ++q) {
+      int id = k_.reduces[q];
+      std::string t = compute_type(g_.nodes[size_t(id)].dtype), qs = std::to_string(q);
+      s += "    " + t + "* const w" + qs + " = " + at(q, t, "part") + ";\n";
+      s += "#pragma unroll\n    for (int u = 0; u < " + Vs + "; ++u) w" + qs + "[u] = a" + std::to_string(id) + "[u];\n";
+    }
+    s += "  }\n  __threadfence();\n  __syncthreads();\n  __shared__ int kiln_last;\n";
+    s += "  if (threadIdx.x == 0) kiln_last = atomicAdd(kiln_count + blockIdx.x, 1u) == (unsigned)(parts - 1);\n";
+    s += "  __syncthreads();\n  if (!kiln_last) return;\n  __threadfence();\n";
+    for (size_t q = 0; q < k_.reduces.size(); ++q) {
+      int id = k_.reduces[q];
+      const ir::Node& n = g_.nodes[size_t(id)];
+      std::string t = compute_type(n.dtype), a = "a" + std::to_string(id);
+      s += "#pragma unroll\n  for (int u = 0; u < " + Vs + "; ++u) " + a + "[u] = " + ident(n) + ";\n";
+      s += "#pragma unroll 4\n  for (int64_t b = grp; live && b < parts; b += kiln_groups) {\n";
+      s += "    const " + t + "* const w = " + at(q, "const " + t, "b") + ";\n";
+      s += "#pragma unroll\n    for (int u = 0; u < " + Vs + "; ++u) " + a + "[u] = " + op_name(n.op) + "()(" + a + "[u], kiln_load_coherent(w + u));\n  }\n";
+      s += "  kiln_cols_reduce<" + Vs + ", kiln_groups>(" + a + ", " + op_name(n.op) + "());\n";
+    }
+    return s + "  if (threadIdx.x == 0) kiln_count[blockIdx.x] = 0;\n";
   }
   // Split rows, after the block's own reduction: its partials to the workspace; the last
   // block of the row to arrive combines all of them, in a fixed order (the same sums on

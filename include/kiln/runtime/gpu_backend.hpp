@@ -163,6 +163,63 @@ inline bool column_rows(const sched::Kernel& k, const codegen::Layout& l, const 
   return strided;
 }
 
+// Column rows: columns per thread, V of them read as one 16-byte chunk per row: 16 bytes of
+// the narrowest load (0 where nothing is loaded).
+inline int cols_vec_width(const ir::Graph& g, const codegen::Layout& l) {
+  size_t narrowest = 0;
+  for (const codegen::Slot& s : l.slots)
+    if (s.role == codegen::SlotRole::load) {
+      size_t es = info(g.nodes[size_t(s.node)].dtype).bytes;
+      narrowest = narrowest ? std::min(narrowest, es) : es;
+    }
+  return narrowest ? int(16 / narrowest) : 0;
+}
+
+// This call's column width: cols_vec_width where every load walks the kept dim contiguously
+// from a 16-byte aligned start and steps every other dim (the reduced one too) in 16-byte
+// units, and the kept dim is whole chunks (so that each chunk starts aligned); else 0, a
+// column per thread.
+inline int cols_vec(const ir::Graph& g, const codegen::Layout& l, const KernelArgs& a) {
+  int nd = int(a.meta[0]), no = int(a.meta[1]), V = cols_vec_width(g, l);
+  auto size = [&](int d) { return a.meta[size_t(2 + d)]; };
+  auto stride = [&](size_t slot, int d) { return a.meta[size_t(2 + nd) + slot * size_t(nd) + size_t(d)]; };
+  if (V < 2 || size(no - 1) % V) return 0;
+  for (size_t i = 0; i < l.slots.size(); ++i) {
+    if (l.slots[i].role != codegen::SlotRole::load) continue;
+    int64_t es = int64_t(info(g.nodes[size_t(l.slots[i].node)].dtype).bytes);
+    if (stride(i, no - 1) != 1 || reinterpret_cast<uintptr_t>(a.ptrs[i]) % 16) return 0;
+    for (int d = 0; d < nd; ++d)
+      if (d != no - 1 && size(d) > 1 && (stride(i, d) * es) % 16) return 0;
+  }
+  return V;
+}
+
+// Column rows' block size: warp-many column lanes by up to 256 / warp row groups, no more
+// groups than the rows give eight rows each, and the shared buffer that combines the
+// groups (a thread's V accumulators each) within 8 KB.
+inline int gpu_cols_threads(const ir::Graph& g, const sched::Kernel& k, int64_t rows, int vec, int warp) {
+  int64_t acc = 1;
+  for (int id : k.reduces) {
+    DType d = g.nodes[size_t(id)].dtype;
+    acc = std::max<int64_t>(acc, d == DType::f16 || d == DType::bf16 ? 4 : info(d).bytes);
+  }
+  int groups = std::max(1, 256 / warp);
+  while (groups > 1 && (int64_t(groups) * warp * std::max(vec, 1) * acc > 8192 || int64_t(groups) * 8 > rows)) groups /= 2;
+  return groups * warp;
+}
+
+// Parts of the rows of a column-rows kernel (gridDim.y): blocks for the 1024 threads per
+// multiprocessor that the launch bounds leave room for (with 64 bytes of loads in flight
+// per thread, 64 KB per multiprocessor), where the columns alone give fewer; no part with
+// less than 16 rows per row group. 1: not split.
+inline int64_t gpu_cols_split(int64_t outer, int64_t rows, int vec, int threads, int warp, int sm_count) {
+  int64_t per_thread = std::max(vec, 1), blocks = ((outer + per_thread - 1) / per_thread + warp - 1) / warp;
+  if (blocks == 0) return 1;
+  int64_t want = int64_t(std::max(sm_count, 1)) * std::max(1, 1024 / threads) / blocks;
+  int64_t most = rows / (int64_t(threads / warp) * 16);
+  return std::clamp<int64_t>(std::min(want, most), 1, 65535);
+}
+
 // Variant of one kernel for this call, for a device of `warp` lanes per warp
 // (wavefront), of architecture `arch` (GemmProblem::arch: the NVIDIA compute
 // capability, or codegen::gemm_amd_arch of an AMD target) with `sm_count`
@@ -196,11 +253,13 @@ inline codegen::GpuVariant gpu_variant(const ir::Graph& g, const sched::Kernel& 
   if (k.kind == sched::KernelKind::rows) {
     auto [outer, per_row] = rows_extent(a);
     if (column_rows(k, l, a, warp)) {
-      // Reduced along a strided dim, the kept one contiguous: a thread per kept index, so a
-      // warp reads consecutive addresses; row groups of a column combine through shared memory.
-      int groups = 1;
-      while (groups < 1024 / warp && int64_t(groups) * 16 < per_row) groups *= 2;
-      v.cols = true, v.vec = 0, v.threads = warp * groups;
+      // Reduced along a strided dim, the kept one contiguous: a lane per V columns (16-byte
+      // loads where aligned, else a column), so a warp reads consecutive addresses; the row
+      // groups of a block combine through shared memory; few columns split their rows
+      // across blocks as well.
+      v.cols = true, v.vec = cols_vec(g, l, a);
+      v.threads = gpu_cols_threads(g, k, per_row, v.vec, warp);
+      v.split = gpu_cols_split(outer, per_row, v.vec, v.threads, warp, sm_count) > 1;
       return v;
     }
     int64_t chunks = (per_row + std::max(v.vec, 1) - 1) / std::max(v.vec, 1);
@@ -247,7 +306,10 @@ inline GpuLaunch gpu_launch_shape(const sched::Kernel& k, const KernelArgs& a, c
     auto [outer, per_row] = rows_extent(a);
     L.block = {unsigned(v.threads), 1, 1};
     if (v.group) L.grid = {unsigned((outer + v.threads / v.group - 1) / (v.threads / v.group)), 1, 1};
-    else if (v.cols) L.grid = {unsigned((outer + warp - 1) / warp), 1, 1};
+    else if (v.cols) {
+      int64_t per_thread = std::max(v.vec, 1), parts = v.split ? gpu_cols_split(outer, per_row, v.vec, v.threads, warp, sm_count) : 1;
+      L.grid = {unsigned(((outer + per_thread - 1) / per_thread + warp - 1) / warp), unsigned(parts), 1};
+    }
     else if (v.split) L.grid = {unsigned(outer * gpu_split_count(outer, per_row, v.threads, v.vec, sm_count)), 1, 1};
     else L.grid = {unsigned(outer), 1, 1};
     return L;
@@ -261,6 +323,13 @@ inline GpuLaunch gpu_launch_shape(const sched::Kernel& k, const KernelArgs& a, c
   L.block = {256, 1, 1};
   L.grid = {unsigned(std::max<int64_t>(1, std::min<int64_t>(blocks, most))), 1, 1};
   return L;
+}
+
+// The 8-byte words of partials a split kernel leaves in the workspace: one per reduction and
+// block (split rows), or per reduction, block and column (split column rows).
+inline size_t gpu_split_words(const sched::Kernel& k, const codegen::GpuVariant& v, const GpuLaunch& L, int warp) {
+  size_t per_block = v.cols ? size_t(warp) * size_t(std::max(v.vec, 1)) : 1;
+  return size_t(L.grid.x) * L.grid.y * per_block * std::max<size_t>(k.reduces.size(), 1);
 }
 
 // The kernel's argument struct, byte for byte: p[slots], m[meta], a[words], and for
@@ -414,7 +483,7 @@ class GpuBackend final : public Backend {
       const codegen::GpuVariant& v = call.vars[k];
       GpuLaunch L = gpu_launch_shape(kernels[k], call.args[k], v, props.sm_count, props.warp_size);
       uint64_t ws[codegen::kGpuSplitWords] = {};
-      if (v.split) split_workspace(dev, L.grid.x, kernels[k], ws);
+      if (v.split) split_workspace(dev, gpu_split_words(kernels[k], v, L, props.warp_size), L.grid.x, ws);
       gpu_arg_block(cp.layouts[k], call.args[k], v, ws, block);
       TensorMaps maps;
       void* params[] = {block.data(), &maps.a, &maps.b};
@@ -562,14 +631,14 @@ class GpuBackend final : public Backend {
     return double(t.elapsed_ms()) * 1000.0 / kRuns;
   }
 
-  // Split rows: room for `blocks` partials of each of the kernel's reductions and a zeroed
-  // counter per row, on the device; grown (never shrunk) as calls need. The kernels leave
-  // the counters at zero again. NOTE: launches on the device's one stream run in order, so
-  // calls share the workspace; a grown one is zeroed in that stream's order too.
-  void split_workspace(Device& dev, unsigned blocks, const sched::Kernel& k, uint64_t* ws) {
+  // Split rows: room for `words` 8-byte partials and `counters` zeroed counters (one per
+  // row, or per column block), on the device; grown (never shrunk) as calls need. The
+  // kernels leave the counters at zero again. NOTE: launches on the device's one stream run
+  // in order, so calls share the workspace; a grown one is zeroed in that stream's order too.
+  void split_workspace(Device& dev, size_t words, unsigned counters, uint64_t* ws) {
     std::lock_guard lock(mu_);
     Workspace& w = workspaces_[dev.ordinal()];
-    size_t part = size_t(blocks) * std::max<size_t>(k.reduces.size(), 1) * 8, count = size_t(blocks) * 4;
+    size_t part = words * 8, count = size_t(counters) * 4;
     kiln::Device where{Api::kind, dev.ordinal()};
     if (!w.partials || w.partials->bytes() < part) w.partials = std::make_unique<Storage>(part, where);
     if (!w.counters || w.counters->bytes() < count) {

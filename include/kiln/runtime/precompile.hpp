@@ -46,9 +46,11 @@ inline void precompile(const ir::Graph& g, const CompiledPlan& cp, const std::ve
       continue;
     }
     // The variant this call would pick; for rows kernels also the other strategy (a block
-    // per row for short rows, a warp per row for long ones), and split rows where the
-    // kernel is a one-pass reduction: what another size of the same plan would pick.
-    for (int pass = 0; pass < 3; ++pass) {
+    // per row for short rows, a warp per row for long ones), split rows where the kernel is
+    // a one-pass reduction, and for column rows the column form this call did not pick
+    // (16-byte chunks or a column per thread, split or not): what another size, alignment
+    // or view of the same plan would pick.
+    for (int pass = 0; pass < 4; ++pass) {
       std::vector<codegen::GpuVariant> vars;
       bool changed = pass == 0;  // pass 0: the variant this call picks
       for (size_t k = 0; k < cp.plan.kernels.size(); ++k) {
@@ -59,10 +61,14 @@ inline void precompile(const ir::Graph& g, const CompiledPlan& cp, const std::ve
         codegen::GpuVariant& v = vars.back();
         if (kernel.kind != sched::KernelKind::rows || pass == 0) continue;
         if (pass == 1) {
-          v.group = v.group ? 0 : warp, v.persist = 0, v.split = false, v.cols = false, v.threads = 256;
+          v.group = v.group ? 0 : warp, v.persist = 0, v.split = false, v.vec = v.cols ? 0 : v.vec, v.cols = false, v.threads = 256;
           changed = true;
-        } else if (one_pass_rows(kernel) && !v.split) {
-          v.group = 0, v.persist = 0, v.split = true, v.cols = false, v.threads = 256;
+        } else if (pass == 2 && one_pass_rows(kernel) && (!v.split || v.cols)) {
+          v.group = 0, v.persist = 0, v.split = true, v.vec = v.cols ? 0 : v.vec, v.cols = false, v.threads = 256;
+          changed = true;
+        } else if (pass == 3 && v.cols) {
+          v.vec = v.vec ? 0 : cols_vec_width(g, cp.layouts[k]), v.split = !v.split;
+          v.threads = gpu_cols_threads(g, kernel, rows_extent(args[k]).second, v.vec, warp);
           changed = true;
         }
       }

@@ -148,6 +148,16 @@ template <int V, class T> KILN_FN void kiln_store_vec(T* dst, const T* src) {
   for (int k = 0; k < (int)(V * sizeof(T) / 16); ++k) ((uint4*)dst)[k] = ((const uint4*)src)[k];
 }
 
+// A load past the multiprocessor's non-coherent L1: what other blocks wrote (and fenced)
+// during this launch.
+template <class T> KILN_FN T kiln_load_coherent(const T* p) {
+#ifdef KILN_HIP
+  return *(const volatile T*)p;
+#else
+  return __ldcg(p);
+#endif
+}
+
 // Reductions across a warp, then across a block through shared memory.
 struct KilnSum { template <class T> KILN_FN T operator()(T a, T b) const { return a + b; } };
 struct KilnMax { template <class T> KILN_FN T operator()(T a, T b) const { return kiln_max(a, b); } };
@@ -166,23 +176,33 @@ template <int G, class T, class Op> KILN_FN T kiln_group_reduce(T v, Op op) {
   return v;
 }
 template <class T, class Op> KILN_FN T kiln_warp_reduce(T v, Op op) { return kiln_group_reduce<KILN_WARP>(v, op); }
+// Column reduction (the `cols` rows variant): a block of KILN_WARP column lanes (threadIdx.x %
+// KILN_WARP), each with V columns, by G row groups (threadIdx.x / KILN_WARP); each column's
+// row-group partials combined in a fixed order, the result in place in row group 0 (the
+// threads that store). One 8 KB buffer for every call (the host keeps the block's values
+// within it); the last barrier frees it for the next call.
+KILN_FN void* kiln_cols_buffer() {
+  __shared__ kiln_u64 buffer[1024];
+  return buffer;
+}
+template <int V, int G, class T, class Op> KILN_FN void kiln_cols_reduce(T (&v)[V], Op op) {
+  static_assert(V * G * KILN_WARP * sizeof(T) <= 8192, "kiln: the column combine's values exceed its buffer");
+  if (G == 1) return;
+  T* s = (T*)kiln_cols_buffer();
+#pragma unroll
+  for (int u = 0; u < V; ++u) s[u * G * KILN_WARP + threadIdx.x] = v[u];
+  __syncthreads();
+  if (threadIdx.x < KILN_WARP)
+#pragma unroll
+    for (int u = 0; u < V; ++u)
+      for (int g = 1; g < G; ++g) v[u] = op(v[u], s[u * G * KILN_WARP + g * KILN_WARP + threadIdx.x]);
+  __syncthreads();
+}
+
 // Across the block: each warp's partial to shared memory, one barrier, then every warp
 // reduces the partials in the same order (the same value in every thread). Each call site
 // of a kernel passes its own Site, so that its shared array is its own and no second
 // barrier has to guard it against the next reduction's writes.
-// Column reduction (the `cols` rows variant): a block of KILN_WARP columns (threadIdx.x %
-// KILN_WARP) by blockDim.x / KILN_WARP row groups; each column's row-group partials
-// combined in a fixed order, the result right in row group 0 (the threads that store).
-template <int Site, class T, class Op> KILN_FN T kiln_cols_reduce(T v, Op op) {
-  __shared__ kiln_u64 smem[1024];
-  T* s = (T*)smem;
-  s[threadIdx.x] = v;
-  __syncthreads();
-  if (threadIdx.x < KILN_WARP)
-    for (int g = 1; g < (int)(blockDim.x / KILN_WARP); ++g) v = op(v, s[threadIdx.x + g * KILN_WARP]);
-  return v;
-}
-
 template <int Site, class T, class Op> KILN_FN T kiln_block_reduce(T v, Op op, T identity) {
   __shared__ kiln_u64 smem[1024 / KILN_WARP];
   T* s = (T*)smem;
