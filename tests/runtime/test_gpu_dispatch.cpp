@@ -127,6 +127,24 @@ TEST_CASE("GPU dispatch: a repeat call loads nothing; a changed alignment, strid
   CHECK(dispatch(backend, 0, row_sum(long_rows)).loads == 0);
 }
 
+TEST_CASE("GPU dispatch: column sums, aligned (16-byte chunks, rows split) and an unaligned view (a column per lane)") {
+  KILN_TEST_RNG(rng);
+  FakeGpuBackend backend;
+  auto x = host(rng, Shape<2>{2048, 1024}), base = host(rng, Shape<2>{2048, 1025});
+  Tensor<f32, 2> off = base.slice(1, 1, 1025);  // every row 4 bytes past a 16-byte boundary
+  auto col_sum = [](const Tensor<f32, 2>& t) { return sum(t, 0); };
+  Dispatch aligned = dispatch(backend, 0, col_sum(x));  // the split's workspace too
+  CHECK(aligned.vars[0].cols);
+  CHECK(aligned.vars[0].vec == 4);
+  CHECK(aligned.vars[0].split);
+  Dispatch unaligned = dispatch(backend, 0, col_sum(off));
+  CHECK(unaligned.plan == aligned.plan);
+  CHECK(unaligned.loads == 1);
+  CHECK(unaligned.vars[0].cols);
+  CHECK(unaligned.vars[0].vec == 0);
+  CHECK(dispatch(backend, 0, col_sum(x)).loads == 0);
+}
+
 TEST_CASE("GPU dispatch: the block-size override, a GEMM chooser and another device are seen by a repeat call") {
   KILN_TEST_RNG(rng);
   FakeGpuBackend backend;
