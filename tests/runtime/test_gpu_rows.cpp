@@ -115,7 +115,7 @@ void check_column_forms(Device d) {
   check_columns<DT>(d, 600, 777);                   // odd width: a column per lane, split
   check_columns<DT>(d, 600, 512, true);             // unaligned: a column per lane, split
   check_columns<DT>(d, 3, 1025);                    // few rows: one row group
-  check_columns<DT>(d, 1, 4096);                    // one row
+  check_columns<DT>(d, 2, 4096);                    // two rows: one row group, 16-byte chunks
   check_columns<DT>(d, 300, 64, false, 7);          // two kept dims, 16-byte chunks, split
   check_columns<DT>(d, 301, 66, false, 5);          // two kept dims, a column per lane
 }
@@ -268,6 +268,7 @@ std::vector<std::string> column_programs(int warp) {
   }
   form(program(sum(f(600, 513).slice(1, 1, 513), 0)), 0, 0, 256, 16, 4);  // unaligned view
   form(program(sum(f(3, 1025), 0)), 0, 0, 32, 33, 1);                     // three rows: one row group
+  form(program(sum(f(2, 4096), 0)), 0, 4, 32, 32, 1);                     // two rows, 16-byte chunks
   {
     auto x3 = Tensor<f32, 3>::empty(Shape<3>{7, 300, 64}, cpu());  // two kept dims [7, 64]
     form(program(sum(x3, 1)), 0, 4, 256, 4, 2);
