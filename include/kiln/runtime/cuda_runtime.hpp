@@ -255,18 +255,20 @@ class CudaDevice {
 inline CudaDevice& cuda_device(int ordinal = 0) {
   struct Table {
     std::mutex mutex;
-    std::vector<CudaDevice*> devices;
+    std::vector<std::atomic<CudaDevice*>> devices;  // NOTE: atomic, so a set-up device is found without the lock
   };
   // NOTE: the table and its devices are never deleted (see the top of this file);
   // a buffer released during static destruction still finds its device here.
-  static Table* table = new Table{{}, std::vector<CudaDevice*>(static_cast<size_t>(cuda_device_count()), nullptr)};
+  static Table* table = new Table{{}, std::vector<std::atomic<CudaDevice*>>(static_cast<size_t>(cuda_device_count()))};
   if (ordinal < 0 || static_cast<size_t>(ordinal) >= table->devices.size()) {
     device_properties(ordinal);  // throws saying why: no CUDA, or no such device
   }
+  std::atomic<CudaDevice*>& slot = table->devices[static_cast<size_t>(ordinal)];
+  if (CudaDevice* dev = slot.load(std::memory_order_acquire)) return *dev;
   std::lock_guard lock(table->mutex);
-  CudaDevice*& slot = table->devices[static_cast<size_t>(ordinal)];
-  if (slot == nullptr) slot = new CudaDevice(ordinal);
-  return *slot;
+  CudaDevice* dev = slot.load(std::memory_order_relaxed);
+  if (dev == nullptr) slot.store(dev = new CudaDevice(ordinal), std::memory_order_release);
+  return *dev;
 }
 
 // ---- allocator backend ---------------------------------------------------------

@@ -82,12 +82,13 @@ class CpuBackend final : public Backend {
  public:
   void run(const ir::Graph& g, CompiledPlan& cp, const Bound& b) override {
     const auto& kernels = cp.plan.kernels;
-    std::vector<KernelArgs> args;
-    args.reserve(kernels.size());
+    thread_local std::vector<KernelArgs> args;  // NOTE: this thread's, reused: no allocation per call once grown
+    args.resize(kernels.size());
     Hasher vh;
     for (size_t k = 0; k < kernels.size(); ++k) {
-      args.push_back(bind_kernel(g, kernels[k], cp.layouts[k], b));
-      for (auto s : args.back().strides) vh.add(s);
+      bind_kernel(g, kernels[k], cp.layouts[k], b, args[k]);
+      static_assert(sizeof(codegen::Stride) == 1);  // NOTE: hashed as bytes, one piece per kernel
+      vh.add(args[k].strides.data(), args[k].strides.size());
     }
     const CompiledVariant* v = variant(g, cp, vh.digest(), args);
     for (size_t k = 0; k < kernels.size(); ++k) {

@@ -660,18 +660,20 @@ class HipDevice {
 inline HipDevice& hip_device(int ordinal = 0) {
   struct Table {
     std::mutex mutex;
-    std::vector<HipDevice*> devices;
+    std::vector<std::atomic<HipDevice*>> devices;  // NOTE: atomic, so a set-up device is found without the lock
   };
   // NOTE: the table and its devices are never deleted (see the top of this file);
   // a buffer released during static destruction still finds its device here.
-  static Table* table = new Table{{}, std::vector<HipDevice*>(static_cast<size_t>(hip_device_count()), nullptr)};
+  static Table* table = new Table{{}, std::vector<std::atomic<HipDevice*>>(static_cast<size_t>(hip_device_count()))};
   if (ordinal < 0 || static_cast<size_t>(ordinal) >= table->devices.size()) {
     device_properties(ordinal);  // throws saying why: no HIP, or no such device
   }
+  std::atomic<HipDevice*>& slot = table->devices[static_cast<size_t>(ordinal)];
+  if (HipDevice* dev = slot.load(std::memory_order_acquire)) return *dev;
   std::lock_guard lock(table->mutex);
-  HipDevice*& slot = table->devices[static_cast<size_t>(ordinal)];
-  if (slot == nullptr) slot = new HipDevice(ordinal);
-  return *slot;
+  HipDevice* dev = slot.load(std::memory_order_relaxed);
+  if (dev == nullptr) slot.store(dev = new HipDevice(ordinal), std::memory_order_release);
+  return *dev;
 }
 
 // ---- allocator backend ---------------------------------------------------------
