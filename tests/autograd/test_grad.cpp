@@ -266,11 +266,12 @@ MlpRef mlp_by_hand(const std::vector<double>& x, const std::vector<double>& W1, 
 }
 void close_all(const std::string& what, const std::vector<double>& got, const std::vector<double>& want) {
   REQUIRE(got.size() == want.size());
+  size_t wrong = 0;
+  std::string first;
   for (size_t i = 0; i < got.size(); ++i)
-    if (!(std::fabs(got[i] - want[i]) <= 1e-12 + 1e-10 * std::fabs(want[i]))) {
-      FAIL_CHECK(what << "[" << i << "]: kiln " << fmt(got[i]) << ", by hand " << fmt(want[i]) << " (seed " << current_seed() << ")");
-      return;
-    }
+    if (!(std::fabs(got[i] - want[i]) <= 1e-12 + 1e-10 * std::fabs(want[i])) && ++wrong <= 4)
+      first += " [" + std::to_string(i) + "] kiln " + fmt(got[i]) + ", by hand " + fmt(want[i]) + ";";
+  if (wrong) FAIL_CHECK(what << ": " << wrong << " of " << got.size() << " wrong:" << first << " (seed " << current_seed() << ")");
 }
 }  // namespace
 

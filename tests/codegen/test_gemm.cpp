@@ -278,6 +278,30 @@ TEST_CASE("gelu(x @ W1 + b1) is one tensor-core kernel on sm_80 and sm_90, and i
   CHECK(jit::cubin_sm(jit::nvrtc_compile(p.src, "kiln_gemm_epilogue", 9, 0, codegen::gpu_compile_options(p.vars))) == 90);
 }
 
+TEST_CASE("the Hopper kernel's epilogue: 4 columns per access where every slot is contiguous and aligned, else per element") {
+  if (!jit::nvrtc_available()) {
+    MESSAGE("NVRTC not found: skipped");
+    return;
+  }
+  auto x = det<bf16, 2>({64, 32}, 1), w1 = det<bf16, 2>({32, 48}, 2), w2 = det<bf16, 2>({32, 48}, 3), w3 = det<bf16, 2>({32, 48}, 4);
+  auto b = det<bf16, 1>({48}, 5);
+  auto s = det<bf16, 2>({64, 1}, 6), r = det<bf16, 2>({64, 48}, 7);
+  auto rt = det<bf16, 2>({48, 64}, 8).transpose(0, 1);
+  auto shifted = det<bf16, 2>({64, 52}, 9).slice(1, 1, 49);  // rows of 52 (aligned), starting one element in
+  GemmHook force(codegen::gemm_candidates(DType::bf16, 90).front());
+  GpuProgram p = cuda_program(90, kiln::gelu(matmul(x, w1) + b) * s + r, matmul(x, w2) + rt, matmul(x, w3) * shifted);
+  std::vector<codegen::GpuVariant> mm = p.matmuls();
+  REQUIRE(mm.size() == 3);
+  for (const auto& v : mm) CHECK(v.gemm.kind == GemmKind::wgmma);
+  CHECK(mm[0].epilogue_vec);   // bias (rows broadcast), per-row scale (columns broadcast), residual
+  CHECK(!mm[1].epilogue_vec);  // a transposed residual: per element
+  CHECK(!mm[2].epilogue_vec);  // a residual 2 bytes off an 8-byte boundary: per element
+  CHECK(std::count(mm[0].strides.begin(), mm[0].strides.end(), codegen::Stride::zero) == 1);  // s
+  CHECK(p.src.find("kiln_bar_sync(1 + c, 128)") != std::string::npos);
+  CHECK(p.src.find("*(const kiln_vec<uint16_t, 4>*)") != std::string::npos);
+  CHECK(jit::cubin_sm(jit::nvrtc_compile(p.src, "kiln_gemm_epilogue", 9, 0, codegen::gpu_compile_options(p.vars))) == 90);
+}
+
 }  // TEST_SUITE("nvrtc")
 
 TEST_SUITE("hiprtc") {
@@ -531,6 +555,40 @@ TEST_CASE_TEMPLATE("GPU GEMM epilogue: gelu(x @ W1 + b1) in the tensor-core kern
       else CHECK(chosen.kind != GemmKind::simt);  // a tensor-core kernel
     }
     check_close(out, ref::map(pre, ref::gelu), tol<DT>().scaled(2), "gelu(x @ W1.t() + b1)", &bound);
+  }
+}
+
+TEST_CASE_TEMPLATE("GPU GEMM epilogue in the Hopper kernel: interior tiles 4 columns per access, edge tiles per element", DT, bf16,
+                   f16) {
+  if (kiln::default_device() == kiln::cpu() || cuda_arch() != 90) return;
+  KILN_TEST_RNG(rng);
+  const int64_t M = 300, N = 520, K = 136;  // interior and edge tiles for every wgmma tile shape
+  Values v{-2, 2};
+  auto x = input<DT, 2>(rng, {M, K}, Layout::contiguous, v), w = input<DT, 2>(rng, {K, N}, Layout::contiguous, v);
+  auto w2 = input<DT, 2>(rng, {K, N}, Layout::transposed, v);
+  auto b = input<DT, 1>(rng, {N}, Layout::contiguous, v);
+  auto s = input<DT, 2>(rng, {M, 1}, Layout::contiguous, v);
+  auto r = input<DT, 2>(rng, {M, N}, Layout::contiguous, v), rt = input<DT, 2>(rng, {M, N}, Layout::transposed, v);
+  Array scale, scale2;
+  Array pre = ref::zip(ref::matmul(x.a, w.a, &scale), b.a, [](double p, double q) { return p + q; });
+  Array want1 = ref::zip3(ref::map(pre, ref::gelu), s.a, r.a, [](double g, double t, double q) { return g * t + q; });
+  Array bound1 = ref::zip3(ref::zip(scale, b.a, [](double p, double q) { return std::fabs(p) + std::fabs(q); }), s.a, r.a,
+                           [](double g, double t, double q) { return g * std::fabs(t) + std::fabs(q); });
+  Array want2 = ref::zip(ref::matmul(x.a, w2.a, &scale2), rt.a, [](double p, double q) { return p + q; });
+  Array bound2 = ref::zip(scale2, rt.a, [](double p, double q) { return p + std::fabs(q); });
+  std::vector<GemmConfig> tiles;  // each wgmma tile shape once (the staging walks BN in 32-column chunks)
+  for (const GemmConfig& c : codegen::gemm_candidates(DT::id, 90))
+    if (c.kind == GemmKind::wgmma && std::none_of(tiles.begin(), tiles.end(), [&](const GemmConfig& t) { return t.bn == c.bn; }))
+      tiles.push_back(c);
+  for (const GemmConfig& c : tiles) {
+    CAPTURE(c.str());
+    Batch batch;
+    batch.check(kiln::gelu(kiln::matmul(x.t, w.t) + b.t) * s.t + r.t, want1, tol<DT>().scaled(2), "gelu(x @ w + b) * s + r", bound1);
+    batch.check(kiln::matmul(x.t, w2.t) + rt.t, want2, tol<DT>().scaled(2), "x @ w2 + transposed r", bound2);
+    GemmHook hook(c);
+    batch.run();
+    REQUIRE(hook.seen.size() == 2);
+    for (const GemmProblem& p : hook.seen) CHECK(codegen::gemm_choose(p) == c);
   }
 }
 

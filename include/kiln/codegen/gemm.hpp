@@ -209,10 +209,16 @@ inline GemmConfig gemm_choose(const GemmProblem& p) {
   return gemm_heuristic(p);
 }
 
+// wgmma's staged epilogue: per consumer warpgroup, 64 rows x 32 columns of f32
+// accumulators, rows 40 floats apart (the fragment writes and the row reads meet no bank conflicts).
+inline constexpr int kWgmmaStageCols = 32, kWgmmaStagePitch = 40;
+
 // Dynamic shared memory of an mma or wgmma kernel (0 for simt: static). wgmma: the
-// stages, their full and empty barriers, and 1 KB to align the base to the swizzle atom.
+// stages, their full and empty barriers, the epilogue's staging, and 1 KB to align the
+// base to the swizzle atom.
 inline size_t gemm_shared_bytes(const GemmConfig& c, const GemmOperands& o) {
-  if (c.kind == GemmKind::wgmma) return size_t(c.stages) * (size_t(c.bm + c.bn) * c.bk * 2 + 16) + 1024;
+  if (c.kind == GemmKind::wgmma)
+    return size_t(c.stages) * (size_t(c.bm + c.bn) * c.bk * 2 + 16) + size_t(c.bm / c.wm) * 64 * kWgmmaStagePitch * 4 + 1024;
   if (c.kind != GemmKind::mma) return 0;
   size_t a = o.a_k_major ? size_t(c.bm) * (c.bk + 8) : size_t(c.bk) * (c.bm + 8);
   size_t b = o.b_k_major ? size_t(c.bn) * (c.bk + 8) : size_t(c.bk) * (c.bn + 8);
@@ -221,6 +227,11 @@ inline size_t gemm_shared_bytes(const GemmConfig& c, const GemmOperands& o) {
 
 // Emits one output element's store: (row, col, value in the compute type) -> statements.
 using GemmStore = std::function<std::string(const std::string& row, const std::string& col, const std::string& v)>;
+// Emits the stores of 4 consecutive output elements (row, col .. col + 3), values vals[0..3],
+// each slot one vector access; `tag` names its variables: MatmulEpilogue::store_group.
+inline constexpr int kGemmGroupWidth = 4;
+using GemmGroupStore = std::function<MatmulEpilogue::Group(const std::string& row, const std::string& col, const std::string& vals,
+                                                           const std::string& tag)>;
 
 class GemmWriter {
  public:

@@ -16,7 +16,11 @@
 //              issues BK/16 wgmma m64nBNk16 (A and B both from shared memory, f32
 //              accumulators in registers), keeps one step in flight and gives the
 //              previous step's stage back; at the end every element leaves
-//              through the store callback (the fused epilogue).
+//              through the store callback (the fused epilogue). Where the host found
+//              every epilogue slot contiguous along the columns and aligned
+//              (GpuVariant::epilogue_vec), an interior tile's accumulators pass through
+//              shared memory instead, and each thread finishes 4 consecutive columns
+//              at a time with one vector load or store per slot (staged_stores).
 // The producer gives its registers up (setmaxnreg) so consumers hold 64 x BN
 // accumulators without spilling.
 //
@@ -33,8 +37,9 @@ namespace kiln::codegen {
 
 class WgmmaWriter {
  public:
-  WgmmaWriter(const GemmConfig& c, const GemmOperands& o, DType d, GemmStore store)
-      : c_(c), o_(o), d_(d), w_(c, o, d, std::move(store)) {}
+  // `group`: where given, interior tiles store through it (staged_stores); else element by element.
+  WgmmaWriter(const GemmConfig& c, const GemmOperands& o, DType d, GemmStore store, GemmGroupStore group = {})
+      : c_(c), o_(o), d_(d), w_(c, o, d, std::move(store)), group_(std::move(group)) {}
 
   std::string body(const std::string& prelude = "") const {
     auto S = [](int v) { return std::to_string(v); };
@@ -75,16 +80,21 @@ class WgmmaWriter {
     s += "      }\n      kiln_wgmma_commit();\n      kiln_wgmma_wait<1>();\n";
     // The previous step's MMAs have finished reading their stage: back to the producer.
     s += "      if (kt > 0 && lane == 0) kiln_mbar_arrive(empty0 + 8 * ((kt - 1) % STAGES));\n    }\n";
-    s += "    kiln_wgmma_wait<0>();\n";
     // Accumulators: warp w of the warpgroup holds rows 16w .. 16w+15; per 8 columns j, d[4j .. 4j+3]
     // at (lane/4, 2*(lane%4) + 0/1) and eight rows below (mma.sync's C fragment). A tile inside
-    // the output stores without a test per element (the epilogue's loads can then be issued early).
+    // the output stores without a test per element.
     auto stores = [&](bool checked) {
       std::string t = "#pragma unroll\n    for (int j = 0; j < BN / 8; ++j)\n#pragma unroll\n    for (int q = 0; q < 4; ++q) {\n";
       t += "      const int64_t row = m0 + c * 64 + w * 16 + lane / 4 + (q / 2) * 8, col = n0 + j * 8 + (lane % 4) * 2 + q % 2;\n";
       return t + w_.emit_store("      ", "row", "col", "d[j * 4 + q]", checked) + "    }\n";
     };
-    s += "    if (m0 + BM <= Mr && n0 + BN <= N) {\n" + stores(false) + "    } else {\n" + stores(true) + "    }\n";
+    if (!group_) {
+      s += "    kiln_wgmma_wait<0>();\n";
+      s += "    if (m0 + BM <= Mr && n0 + BN <= N) {\n" + stores(false) + "    } else {\n" + stores(true) + "    }\n";
+    } else {
+      s += "    const bool interior = m0 + BM <= Mr && n0 + BN <= N;\n";
+      s += "    if (interior) {\n" + staged_stores() + "    } else {\n      kiln_wgmma_wait<0>();\n" + stores(true) + "    }\n";
+    }
     return s + "  }\n";
   }
 
@@ -103,10 +113,47 @@ class WgmmaWriter {
     return s + "\n" + ind + "  : \"l\"(da), \"l\"(db), \"r\"(1));\n";
   }
 
+  // An interior tile's stores, 32 columns at a time: each thread writes its fragments of
+  // them to its warpgroup's staging area (shared memory), then reads back 4 consecutive
+  // columns of one row per group, so that every slot of the epilogue is one vector access
+  // per group and a warp's accesses cover whole rows. The epilogue's loads of chunk ch + 1
+  // go out before chunk ch is computed (the first chunk's before the last MMAs finish).
+  std::string staged_stores() const {
+    auto S = [](int v) { return std::to_string(v); };
+    const int chunks = c_.bn / kWgmmaStageCols, groups = 64 * kWgmmaStageCols / (128 * kGemmGroupWidth);
+    const std::string P = S(kWgmmaStagePitch);
+    std::vector<MatmulEpilogue::Group> g;
+    for (int ch = 0; ch < chunks; ++ch)
+      for (int q = 0; q < groups; ++q)
+        g.push_back(group_("m0 + c * 64 + " + S(q * 16) + " + t / 8", "n0 + " + S(ch * kWgmmaStageCols) + " + (t % 8) * 4", "f",
+                           "c" + S(ch) + "g" + S(q)));
+    std::string s = "      const int t = threadIdx.x % 128;\n";
+    s += "      float* stg = (float*)(kiln_smem + (full0 + STAGES * 16 - kiln_smem_addr(kiln_smem))) + c * 64 * " + P + ";\n";
+    for (int q = 0; q < groups; ++q) s += g[size_t(q)].loads;
+    s += "      kiln_wgmma_wait<0>();\n";
+    for (int ch = 0; ch < chunks; ++ch) {
+      if (ch > 0) s += "      kiln_bar_sync(1 + c, 128);  // the previous chunk's reads are done\n";
+      for (int jj = 0; jj < kWgmmaStageCols / 8; ++jj) {
+        std::string j = S(ch * kWgmmaStageCols / 8 + jj), col = S(jj * 8) + " + (lane % 4) * 2";
+        s += "      *(float2*)&stg[(w * 16 + lane / 4) * " + P + " + " + col + "] = make_float2(d[" + j + " * 4], d[" + j + " * 4 + 1]);\n";
+        s += "      *(float2*)&stg[(w * 16 + lane / 4 + 8) * " + P + " + " + col + "] = make_float2(d[" + j + " * 4 + 2], d[" + j + " * 4 + 3]);\n";
+      }
+      s += "      kiln_bar_sync(1 + c, 128);\n";
+      if (ch + 1 < chunks)
+        for (int q = 0; q < groups; ++q) s += g[size_t((ch + 1) * groups + q)].loads;
+      for (int q = 0; q < groups; ++q) {
+        s += "      {\n        const float4 f4 = *(const float4*)&stg[(" + S(q * 16) + " + t / 8) * " + P + " + (t % 8) * 4];\n";
+        s += "        const float f[4] = {f4.x, f4.y, f4.z, f4.w};\n" + g[size_t(ch * groups + q)].body + "      }\n";
+      }
+    }
+    return s;
+  }
+
   GemmConfig c_;
   GemmOperands o_;
   DType d_;
   GemmWriter w_;
+  GemmGroupStore group_;
 };
 
 }  // namespace kiln::codegen

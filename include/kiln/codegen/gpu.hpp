@@ -55,6 +55,10 @@ struct GpuVariant {
   int threads = 256;  // block size; the kernel's launch bounds
   GemmConfig gemm;       // matmul: tile shapes and kind
   GemmOperands gemm_ops; // matmul: which dim of A and B is contiguous
+  // matmul (wgmma): interior tiles store 4 consecutive columns per access, each epilogue
+  // slot one vector load or store; `strides` then holds each epilogue slot's column stride
+  // (zero: broadcast along the row, or unit).
+  bool epilogue_vec = false;
 };
 
 // The workspace words a split-rows kernel's argument struct ends with: partials, counters.
@@ -545,7 +549,14 @@ class GpuKernelWriter {
     MatmulEpilogue ep(g_, k_, l_);
     GemmStore store = [&](const std::string& row, const std::string& col, const std::string& v) { return ep.store(row, col, v, ""); };
     std::string prelude = ep.prelude("blockIdx.z", "__restrict__", "  ");
-    if (v_.gemm.kind == GemmKind::wgmma) return WgmmaWriter(v_.gemm, v_.gemm_ops, ep.dtype(), store).body(prelude);
+    if (v_.gemm.kind == GemmKind::wgmma) {
+      GemmGroupStore group;
+      if (v_.epilogue_vec)
+        group = [&](const std::string& row, const std::string& col, const std::string& vals, const std::string& tag) {
+          return ep.store_group(row, col, vals, kGemmGroupWidth, v_.strides, tag, "        ");
+        };
+      return WgmmaWriter(v_.gemm, v_.gemm_ops, ep.dtype(), store, group).body(prelude);
+    }
     if (v_.gemm.kind == GemmKind::mfma) return MfmaWriter(v_.gemm, v_.gemm_ops, ep.dtype(), store).body(prelude);
     return GemmWriter(v_.gemm, v_.gemm_ops, ep.dtype(), store).body(prelude);
   }

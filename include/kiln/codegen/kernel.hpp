@@ -7,6 +7,7 @@
 // (codegen/cpp.hpp, codegen/gpu.hpp) wrap these statements in their loops.
 #pragma once
 #include <cctype>
+#include <functional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -31,20 +32,8 @@ struct Layout {
   std::vector<Slot> slots;
   std::vector<int> param_words;  // per params entry: first word
   int words = 0;
+  std::vector<int> epilogue_slots;  // matmul: the slots its epilogue reads or writes
 };
-
-inline Layout layout(const ir::Graph& g, const sched::Kernel& k) {
-  Layout l;
-  for (int n : k.loads) l.slots.push_back({n, SlotRole::load});
-  for (size_t s = 0; s < k.stores.size(); ++s) l.slots.push_back({k.stores[s].buffer, SlotRole::store, int(s)});
-  for (int p : k.params) {
-    l.param_words.push_back(l.words);
-    Prim op = g.nodes[size_t(p)].op;
-    l.words += op == Prim::rand ? 2 : op == Prim::iota ? 0 : 1;
-    if (op == Prim::rand || op == Prim::iota) l.slots.push_back({p, SlotRole::rand});
-  }
-  return l;
-}
 
 // How a slot is indexed along the innermost dim: fixed in the source as a
 // constant (0: broadcast, 1: contiguous) or read at run time. Each combination
@@ -205,6 +194,45 @@ class MatmulEpilogue {
     std::vector<uint8_t> used;
     return emit_store(row, col, v, ind, unit_cols, used);
   }
+  // The statements of `width` consecutive output elements (row, col .. col + width - 1),
+  // accumulators vals[0 .. width - 1], where every slot store_slots() names walks the
+  // columns with stride cls[slot]: unit (one vector access of width elements: the host
+  // checked the alignment, kiln_vec) or zero (broadcast along the row: one element).
+  // `loads` declares offsets and issues the loads (named after `tag`), so a writer can
+  // put them out early; `body` computes and stores. rand slots are not supported here.
+  struct Group {
+    std::string loads, body;
+  };
+  Group store_group(const std::string& row, const std::string& col, const std::string& vals, int width,
+                    const std::vector<Stride>& cls, const std::string& tag, const std::string& ind) const {
+    Group out;
+    std::string W = std::to_string(width);
+    auto name = [&](const char* what, int i) { return std::string(what) + tag + "_" + std::to_string(i); };
+    auto vec = [&](int i) { return "kiln_vec<" + storage_type(dtype_of_slot(i)) + ", " + W + ">"; };
+    for (int i : store_slots()) {
+      std::string si = std::to_string(i), x = name("x", i);
+      bool unit = cls[size_t(i)] == Stride::unit;
+      out.loads += ind + "const int64_t " + x + " = e" + si + " + (" + row + ") * est[" + si + " * nd + nd - 2]" +
+                   (unit ? " + (" + col + ")" : "") + ";\n";
+      if (l_.slots[size_t(i)].role == SlotRole::load)
+        out.loads += ind + "const " + (unit ? vec(i) : storage_type(dtype_of_slot(i))) + " " + name("L", i) + " = " +
+                     (unit ? "*(const " + vec(i) + "*)(p" + si + " + " + x + ")" : "p" + si + "[" + x + "]") + ";\n";
+      else if (l_.slots[size_t(i)].role == SlotRole::store)
+        out.body += ind + vec(i) + " " + name("S", i) + ";\n";
+    }
+    Access a;
+    a.load = [&](int i) {
+      return to_compute(dtype_of_slot(i), name("L", i) + (cls[size_t(i)] == Stride::unit ? ".v[u]" : ""));
+    };
+    a.index = [&](int) -> std::string { throw Error("kiln: internal error: a random or iota value in a grouped GEMM epilogue"); };
+    a.store = [&](int i, const std::string& v) { return name("S", i) + ".v[u] = " + v; };
+    out.body += ind + "#pragma unroll\n" + ind + "for (int u = 0; u < " + W + "; ++u) {\n";
+    out.body += emit(vals + "[u]", ind + "  ", a) + ind + "}\n";
+    for (int i : store_slots())
+      if (l_.slots[size_t(i)].role == SlotRole::store)
+        out.body += ind + "*(" + vec(i) + "*)(p" + std::to_string(i) + " + " + name("x", i) + ") = " + name("S", i) + ";\n";
+    return out;
+  }
   // What the epilogue computes per output element, as a short hex hash of its
   // statements with the values renamed in order of first use (v3, v17 -> v0, v1) and
   // the rank and size-1 dims of each tensor it reads or writes (a bias vector against a
@@ -244,6 +272,26 @@ class MatmulEpilogue {
   }
 
  private:
+  // How the statements of one element reach memory: a loaded slot's value (compute type),
+  // a rand/iota slot's linear index, a stored slot's assignment.
+  struct Access {
+    std::function<std::string(int)> load, index;
+    std::function<std::string(int, const std::string&)> store;
+  };
+  DType dtype_of_slot(int i) const { return g_.nodes[size_t(l_.slots[size_t(i)].node)].dtype; }
+  // The matmul's value `v`, the epilogue's values over it, its stores.
+  std::string emit(const std::string& v, const std::string& ind, const Access& a) const {
+    ValueEmitter ve(g_, k_, l_);
+    const ir::Node& mm = g_.nodes[size_t(k_.domain)];
+    std::string body = ind + "const " + compute_type(mm.dtype) + " v" + std::to_string(k_.domain) + " = (" + compute_type(mm.dtype) + ")(" + v + ");\n";
+    ve.bind(k_.domain, "v" + std::to_string(k_.domain));
+    std::string tail;
+    for (size_t s = 0; s < k_.stores.size(); ++s) {
+      std::string val = ve.value(k_.stores[s].value, body, ind, a.load, a.index);
+      tail += ind + a.store(slot_of_store(int(s)), to_storage(g_.nodes[size_t(k_.stores[s].buffer)].dtype, val)) + ";\n";
+    }
+    return body + tail;
+  }
   std::string emit_store(const std::string& row, const std::string& col, const std::string& v, const std::string& ind, bool unit_cols,
                          std::vector<uint8_t>& used) const {
     used.assign(l_.slots.size(), 0);
@@ -251,25 +299,18 @@ class MatmulEpilogue {
       used[size_t(i)] = 1;
       return "x" + std::to_string(i);
     };
-    auto load = [&](int i) { return to_compute(g_.nodes[size_t(l_.slots[size_t(i)].node)].dtype, "p" + std::to_string(i) + "[" + at(i) + "]"); };
-    ValueEmitter ve(g_, k_, l_);
-    const ir::Node& mm = g_.nodes[size_t(k_.domain)];
-    std::string body = ind + "const " + compute_type(mm.dtype) + " v" + std::to_string(k_.domain) + " = (" + compute_type(mm.dtype) + ")(" + v + ");\n";
-    ve.bind(k_.domain, "v" + std::to_string(k_.domain));
-    std::string tail;
-    for (size_t s = 0; s < k_.stores.size(); ++s) {
-      std::string val = ve.value(k_.stores[s].value, body, ind, load, at);
-      int i = slot_of_store(int(s));
-      tail += ind + "p" + std::to_string(i) + "[" + at(i) + "] = " + to_storage(g_.nodes[size_t(k_.stores[s].buffer)].dtype, val) + ";\n";
-    }
-    std::string offs;
+    Access a;
+    a.load = [&](int i) { return to_compute(dtype_of_slot(i), "p" + std::to_string(i) + "[" + at(i) + "]"); };
+    a.index = at;
+    a.store = [&](int i, const std::string& val) { return "p" + std::to_string(i) + "[" + at(i) + "] = " + val; };
+    std::string body = emit(v, ind, a), offs;
     for (size_t i = 0; i < used.size(); ++i) {
       if (!used[i]) continue;
       std::string si = std::to_string(i);
       offs += ind + "const int64_t x" + si + " = e" + si + " + (" + row + ") * est[" + si + " * nd + nd - 2] + (" + col + ")" +
               (unit_cols ? "" : " * est[" + si + " * nd + nd - 1]") + ";\n";
     }
-    return offs + body + tail;
+    return offs + body;
   }
 
   int slot_of_store(int s) const {
@@ -281,6 +322,22 @@ class MatmulEpilogue {
   const sched::Kernel& k_;
   const Layout& l_;
 };
+
+// Each slot's place in a kernel's argument struct, per param its first word.
+inline Layout layout(const ir::Graph& g, const sched::Kernel& k) {
+  Layout l;
+  for (int n : k.loads) l.slots.push_back({n, SlotRole::load});
+  for (size_t s = 0; s < k.stores.size(); ++s) l.slots.push_back({k.stores[s].buffer, SlotRole::store, int(s)});
+  for (int p : k.params) {
+    l.param_words.push_back(l.words);
+    Prim op = g.nodes[size_t(p)].op;
+    l.words += op == Prim::rand ? 2 : op == Prim::iota ? 0 : 1;
+    if (op == Prim::rand || op == Prim::iota) l.slots.push_back({p, SlotRole::rand});
+  }
+  // NOTE: which slots a matmul's epilogue touches, found once per plan (it generates the code).
+  if (k.kind == sched::KernelKind::matmul) l.epilogue_slots = MatmulEpilogue(g, k, l).store_slots();
+  return l;
+}
 
 // Reduction combine and identity, in the accumulator's type.
 inline std::string reduce_identity(Prim op, DType d) {

@@ -220,6 +220,28 @@ inline int64_t gpu_cols_split(int64_t outer, int64_t rows, int vec, int threads,
   return std::clamp<int64_t>(std::min(want, most), 1, 65535);
 }
 
+// Whether a matmul's epilogue can finish 4 consecutive output columns per access (the
+// wgmma kernel's staged stores): every slot it reads or writes walks the columns
+// contiguously (a load may also be broadcast along them: stride 0), and each contiguous
+// slot's groups are aligned (its address and its other strides multiples of 4 elements).
+// Sets those slots' column classes in `cls`.
+inline bool vector_epilogue(const ir::Graph& g, const codegen::Layout& l, const KernelArgs& a, std::vector<codegen::Stride>& cls) {
+  constexpr int64_t W = codegen::kGemmGroupWidth;
+  int nd = int(a.meta[0]);
+  auto stride = [&](int slot, int d) { return a.meta[size_t(2 + nd + slot * nd + d)]; };
+  for (int i : l.epilogue_slots) {
+    const codegen::Slot& s = l.slots[size_t(i)];
+    int64_t col = stride(i, nd - 1);
+    if (s.role == codegen::SlotRole::rand || (col != 1 && !(col == 0 && s.role == codegen::SlotRole::load))) return false;
+    if (col == 0) continue;
+    if (reinterpret_cast<uintptr_t>(a.ptrs[size_t(i)]) % uintptr_t(W * int64_t(info(g.nodes[size_t(s.node)].dtype).bytes))) return false;
+    for (int d = 0; d + 1 < nd; ++d)
+      if (stride(i, d) % W) return false;
+  }
+  for (int i : l.epilogue_slots) cls[size_t(i)] = stride(i, nd - 1) == 1 ? codegen::Stride::unit : codegen::Stride::zero;
+  return true;
+}
+
 // Variant of one kernel for this call, for a device of `warp` lanes per warp
 // (wavefront), of architecture `arch` (GemmProblem::arch: the NVIDIA compute
 // capability, or codegen::gemm_amd_arch of an AMD target) with `sm_count`
@@ -232,6 +254,7 @@ inline codegen::GpuVariant gpu_variant(const ir::Graph& g, const sched::Kernel& 
     codegen::GemmProblem p = gemm_problem(g, k, a, arch, sm_count);
     v.gemm = codegen::gemm_choose(p);
     v.gemm_ops = p.ops;
+    v.epilogue_vec = vector_epilogue(g, l, a, v.strides);
     return v;
   }
   int nd = int(a.meta[0]), no = int(a.meta[1]);
@@ -382,8 +405,8 @@ inline Hash128 variant_key(const std::vector<codegen::GpuVariant>& vars) {
   for (const codegen::GpuVariant& v : vars) {
     if (!v.strides.empty()) vh.add(v.strides.data(), v.strides.size());
     const codegen::GemmConfig& gc = v.gemm;
-    int32_t w[15] = {v.vec, v.group, v.persist, v.split, v.threads, int(gc.kind), gc.bm, gc.bn, gc.bk, gc.wm, gc.wn, gc.stages,
-                     v.gemm_ops.a_k_major, v.gemm_ops.b_k_major, v.cols};
+    int32_t w[16] = {v.vec, v.group, v.persist, v.split, v.threads, int(gc.kind), gc.bm, gc.bn, gc.bk, gc.wm, gc.wn, gc.stages,
+                     v.gemm_ops.a_k_major, v.gemm_ops.b_k_major, v.cols, v.epilogue_vec};
     vh.add(w, sizeof w);
   }
   return vh.digest();

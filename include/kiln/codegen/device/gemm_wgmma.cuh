@@ -63,3 +63,6 @@ KILN_FN unsigned long long kiln_wgmma_desc(uint32_t addr, uint32_t lbo, uint32_t
 // The register budgets of a producer/consumer kernel (launch-bounded to one block per SM).
 template <int R> KILN_FN void kiln_regs_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R)); }
 template <int R> KILN_FN void kiln_regs_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R)); }
+
+// A barrier of `threads` threads (a warpgroup's own: ids 1 and up; 0 is __syncthreads).
+KILN_FN void kiln_bar_sync(int id, int threads) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory"); }

@@ -136,6 +136,10 @@ KILN_FN uint16_t kiln_f32_to_f16(float f) {
 #endif
 }
 
+// W consecutive elements as one aligned access (8 bf16 or 4 f32: 16 bytes; 4 bf16: 8):
+// a GEMM epilogue's vector loads and stores (the host checked the alignment).
+template <class T, int W> struct alignas(sizeof(T) * W) kiln_vec { T v[W]; };
+
 // Loads and stores of V consecutive elements as 16-byte transactions (the caller
 // guarantees alignment: the host picks this variant only for aligned pointers).
 template <int V, class T> KILN_FN void kiln_load_vec(T* dst, const T* src) {
