@@ -298,7 +298,7 @@ TEST_CASE("the Hopper kernel's epilogue: 4 columns per access where every slot i
   CHECK(!mm[2].epilogue_vec);  // a residual 2 bytes off an 8-byte boundary: per element
   CHECK(std::count(mm[0].strides.begin(), mm[0].strides.end(), codegen::Stride::zero) == 1);  // s
   CHECK(p.src.find("kiln_bar_sync(1 + c, 128)") != std::string::npos);
-  CHECK(p.src.find("*(const kiln_vec<uint16_t, 4>*)") != std::string::npos);
+  CHECK(p.src.find("kiln_vec_load<uint16_t, 4>(") != std::string::npos);
   CHECK(jit::cubin_sm(jit::nvrtc_compile(p.src, "kiln_gemm_epilogue", 9, 0, codegen::gpu_compile_options(p.vars))) == 90);
 }
 

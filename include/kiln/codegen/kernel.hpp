@@ -216,7 +216,8 @@ class MatmulEpilogue {
                    (unit ? " + (" + col + ")" : "") + ";\n";
       if (l_.slots[size_t(i)].role == SlotRole::load)
         out.loads += ind + "const " + (unit ? vec(i) : storage_type(dtype_of_slot(i))) + " " + name("L", i) + " = " +
-                     (unit ? "*(const " + vec(i) + "*)(p" + si + " + " + x + ")" : "p" + si + "[" + x + "]") + ";\n";
+                     (unit ? "kiln_vec_load<" + storage_type(dtype_of_slot(i)) + ", " + W + ">(p" + si + " + " + x + ")" : "p" + si + "[" + x + "]") +
+                     ";\n";
       else if (l_.slots[size_t(i)].role == SlotRole::store)
         out.body += ind + vec(i) + " " + name("S", i) + ";\n";
     }
@@ -230,7 +231,7 @@ class MatmulEpilogue {
     out.body += emit(vals + "[u]", ind + "  ", a) + ind + "}\n";
     for (int i : store_slots())
       if (l_.slots[size_t(i)].role == SlotRole::store)
-        out.body += ind + "*(" + vec(i) + "*)(p" + std::to_string(i) + " + " + name("x", i) + ") = " + name("S", i) + ";\n";
+        out.body += ind + "kiln_vec_store(p" + std::to_string(i) + " + " + name("x", i) + ", " + name("S", i) + ");\n";
     return out;
   }
   // What the epilogue computes per output element, as a short hex hash of its

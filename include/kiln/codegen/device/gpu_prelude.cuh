@@ -139,6 +139,27 @@ KILN_FN uint16_t kiln_f32_to_f16(float f) {
 // W consecutive elements as one aligned access (8 bf16 or 4 f32: 16 bytes; 4 bf16: 8):
 // a GEMM epilogue's vector loads and stores (the host checked the alignment).
 template <class T, int W> struct alignas(sizeof(T) * W) kiln_vec { T v[W]; };
+// NOTE: through integer vector types, so that every such access is one instruction (a
+// plain struct copy was split into element accesses where the compiler lost the alignment).
+template <class T, int W> KILN_FN kiln_vec<T, W> kiln_vec_load(const T* p) {
+  kiln_vec<T, W> r;
+  constexpr int bytes = (int)sizeof(r);
+  static_assert(bytes == 4 || bytes == 8 || bytes % 16 == 0, "a 4-, 8- or 16n-byte vector");
+  if constexpr (bytes == 4) *(unsigned*)&r = *(const unsigned*)p;
+  else if constexpr (bytes == 8) *(uint2*)&r = *(const uint2*)p;
+  else
+#pragma unroll
+    for (int k = 0; k < bytes / 16; ++k) ((uint4*)&r)[k] = ((const uint4*)p)[k];
+  return r;
+}
+template <class T, int W> KILN_FN void kiln_vec_store(T* p, const kiln_vec<T, W>& r) {
+  constexpr int bytes = (int)sizeof(r);
+  if constexpr (bytes == 4) *(unsigned*)p = *(const unsigned*)&r;
+  else if constexpr (bytes == 8) *(uint2*)p = *(const uint2*)&r;
+  else
+#pragma unroll
+    for (int k = 0; k < bytes / 16; ++k) ((uint4*)p)[k] = ((const uint4*)&r)[k];
+}
 
 // Loads and stores of V consecutive elements as 16-byte transactions (the caller
 // guarantees alignment: the host picks this variant only for aligned pointers).
