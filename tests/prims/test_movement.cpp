@@ -99,3 +99,24 @@ TEST_CASE("expand row: size-1 dims and new leading dims, of tensors and expressi
   b.check(kiln::expand(r.t, std::array<int64_t, 2>{0, 6}), Array(Dims{0, 6}), "expand to an empty dim");
   b.run();
 }
+
+TEST_CASE_TEMPLATE("to_vector and to(cpu) give a view's elements in row-major order on its device", DT, f32, f64, bf16) {
+  KILN_TEST_RNG(rng);
+  // Inputs live on the default device (a GPU under KILN_DEVICE=cuda): a device view comes over
+  // contiguous, and its elements must then be read with the copy's strides, not the view's.
+  auto a = input<DT, 3>(rng, {3, 5, 7}, Layout::contiguous, Values{-4, 4});
+  std::vector<std::pair<std::string, Tensor<DT, 3>>> views = {
+      {"transpose(0, 2)", a.t.transpose(0, 2)}, {"permute(1, 2, 0)", a.t.permute({1, 2, 0})}, {"slice(1, 1, 5, 2)", a.t.slice(1, 1, 5, 2)}};
+  for (const auto& [what, v] : views) {
+    CAPTURE(what);
+    Array want = read(v);  // gathered element by element through the view's own strides
+    std::vector<double> got = v.to_vector();
+    REQUIRE(got.size() == want.v.size());
+    size_t wrong = 0;
+    for (size_t i = 0; i < got.size(); ++i) wrong += got[i] != want.v[i];
+    CHECK(wrong == 0);
+    Tensor<DT, 3> host = v.to(cpu());
+    CHECK(host.is_contiguous());
+    CHECK(read(host).v == want.v);
+  }
+}

@@ -64,3 +64,37 @@ TEST_CASE("one expression type, several graphs: aliasing and size-1 dims get the
     check(one, one_b, "a size-1 dim");
   }
 }
+
+TEST_CASE("the profiler times every kernel launched while it is on, by plan, kernel and variant") {
+  KILN_TEST_RNG(rng);
+  auto x = input<f32, 2>(rng, {33, 40}), w = input<f32, 2>(rng, {40, 17});
+  auto y = kiln::softmax(kiln::matmul(x.t, w.t), -1);  // a matmul kernel, then a rows kernel
+  Tensor<f32, 2> warm = y;                             // compiled outside the profile
+  bool was = profiling();
+  set_profiling(true);
+  profile_reset();
+  size_t kernels = kernel_count(Mode::fused, y);
+  Counters before = counters();
+  for (int i = 0; i < 3; ++i) Tensor<f32, 2> out = y;
+  set_profiling(false);
+  Tensor<f32, 2> unprofiled = y;  // not counted
+  set_profiling(was);
+  std::vector<KernelProfile> got = profile();
+  REQUIRE(got.size() == kernels);
+  int64_t calls = 0;
+  for (const KernelProfile& p : got) {
+    CAPTURE(p.kernel);
+    CHECK(p.calls == 3);
+    CHECK(p.total_ms > 0);
+    CHECK(p.kernel.find("[plan ") == 0);
+    calls += p.calls;
+  }
+  CHECK(uint64_t(calls) == counters().kernels_launched - before.kernels_launched - kernels);
+  CHECK(std::any_of(got.begin(), got.end(), [](const KernelProfile& p) { return p.kernel.find("matmul over [33, 17]") != std::string::npos; }));
+  CHECK(std::is_sorted(got.begin(), got.end(), [](const KernelProfile& a, const KernelProfile& b) { return a.total_ms > b.total_ms; }));
+  std::string report = profile_report();
+  CHECK(report.find("matmul over [33, 17]") != std::string::npos);
+  MESSAGE(report);
+  profile_reset();
+  CHECK(profile().empty());
+}

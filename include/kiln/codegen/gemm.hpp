@@ -404,7 +404,6 @@ class GemmWriter {
   }
 
   std::string simt() const {
-    const GemmConfig& c = c_;
     std::string acc = compute(), s;
     // Threads as a (BM/WM) x (BN/WN) grid; thread (ty, tx) owns rows ty + i * (BM/WM), cols tx + j * (BN/WN).
     s += "  constexpr int TX = BN / WN, TY = BM / WM;\n";

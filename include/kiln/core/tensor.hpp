@@ -135,7 +135,7 @@ class Tensor {
     Tensor h = device() == cpu() ? *this : to(cpu());
     std::vector<double> out;
     out.reserve(size_t(numel()));
-    for_each_index([&](int64_t off) { out.push_back(to_double<DT>(h.host_data()[off])); });
+    h.for_each_index([&](int64_t off) { out.push_back(to_double<DT>(h.host_data()[off])); });  // h's strides: a device view arrives contiguous
     return out;
   }
 

@@ -11,6 +11,7 @@
 #pragma once
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <mutex>
 #include <unordered_map>
 
@@ -19,6 +20,7 @@
 #include "kiln/jit/host_compiler.hpp"
 #include "kiln/runtime/bind.hpp"
 #include "kiln/runtime/counters.hpp"
+#include "kiln/runtime/profile.hpp"
 
 namespace kiln {
 
@@ -47,6 +49,18 @@ struct CompiledPlan {
   std::mutex mu;
   std::unordered_map<Hash128, std::shared_ptr<CompiledVariant>, Hash128Hasher> variants;
 };
+
+inline std::string describe_kernel(const ir::Graph& g, const sched::Kernel& k) {
+  const ir::Node& d = g.nodes[size_t(k.domain)];
+  static const char* kinds[] = {"pointwise", "rows", "matmul"};
+  return std::string(kinds[int(k.kind)]) + " over " + format_shape(std::span(d.shape.data(), size_t(d.rank)));
+}
+// Kernel `index` of a plan as the profiler names it: the plan (its graph's signature) and mode, the
+// index, what it computes.
+inline std::string profile_label(const ir::Graph& g, Mode mode, size_t index, const sched::Kernel& k) {
+  static const char* modes[] = {"eager", "fused", "max-autotune"};
+  return "[plan " + g.signature.hex().substr(0, 6) + " " + modes[int(mode)] + " k" + std::to_string(index) + "] " + describe_kernel(g, k);
+}
 
 // Called whenever the CPU backend compiles a new plan variant (runtime/precompile.hpp).
 inline void (*&cpu_compile_hook())(const ir::Graph&, const CompiledPlan&, const std::vector<KernelArgs>&) {
@@ -91,10 +105,15 @@ class CpuBackend final : public Backend {
       vh.add(args[k].strides.data(), args[k].strides.size());
     }
     const CompiledVariant* v = variant(g, cp, vh.digest(), args);
+    const bool profile = profiling();
     for (size_t k = 0; k < kernels.size(); ++k) {
       if (args[k].work == 0) continue;
+      auto start = profile ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
       v->fns[k](args[k].ptrs.data(), args[k].meta.data(), args[k].words.data());
       kiln::detail::counters_state().kernels_launched.fetch_add(1, std::memory_order_relaxed);
+      if (profile)
+        detail::profile_record(profile_label(g, cp.mode, k, kernels[k]),
+                               std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
     }
   }
 

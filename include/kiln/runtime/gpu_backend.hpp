@@ -32,6 +32,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -369,11 +370,6 @@ inline void gpu_arg_block(const codegen::Layout& l, const KernelArgs& a, const c
   if (v.split) std::copy(workspace, workspace + codegen::kGpuSplitWords, block.begin() + ptrdiff_t(ns + nm + nw));
 }
 
-inline std::string describe_kernel(const ir::Graph& g, const sched::Kernel& k) {
-  const ir::Node& d = g.nodes[size_t(k.domain)];
-  static const char* kinds[] = {"pointwise", "rows", "matmul"};
-  return std::string(kinds[int(k.kind)]) + " over " + format_shape(std::span(d.shape.data(), size_t(d.rank)));
-}
 // The same, made only when an error message needs it (not on every launch).
 struct KernelDescription {
   const ir::Graph* g;
@@ -390,6 +386,15 @@ struct TensorMaps {
     uint64_t words[16];
   } a, b;
 };
+
+// A variant in words (the profiler's report).
+inline std::string variant_text(const sched::Kernel& k, const codegen::GpuVariant& v) {
+  if (k.kind == sched::KernelKind::matmul) return v.gemm.str() + (v.epilogue_vec ? " vector epilogue" : "");
+  std::string s = v.cols ? "cols" : v.split ? "split" : v.group ? "group " + std::to_string(v.group) : "";
+  if (v.persist) s += " persist " + std::to_string(v.persist);
+  if (v.vec) s += " vec " + std::to_string(v.vec);
+  return s + " threads " + std::to_string(v.threads);
+}
 
 // One call of a plan on a GPU: each kernel's bound arguments and variant, and
 // the key of the variant set (which program of the plan this call needs).
@@ -438,7 +443,7 @@ inline void variant_inputs(const std::vector<KernelArgs>& args, std::vector<int6
     out.push_back(int64_t(a.meta.size()));
     out.insert(out.end(), a.meta.begin(), a.meta.end());
     for (codegen::Stride s : a.strides) out.push_back(int64_t(s));
-    for (void* p : a.ptrs) out.push_back(int64_t(reinterpret_cast<uintptr_t>(p) % 16));
+    for (void* p : a.ptrs) out.push_back(int64_t(reinterpret_cast<uintptr_t>(p) % 32));  // 32: an f64 epilogue group (vector_epilogue)
   }
   out.push_back(gpu_block_rows_threads().load(std::memory_order_relaxed));
 }
@@ -497,10 +502,14 @@ class GpuBackend final : public Backend {
     }
     const std::vector<Function>& fns = *last.fns;
     std::vector<uint64_t>& block = last.block;
+    const bool profile = profiling();
     for (size_t k = 0; k < kernels.size(); ++k) {
       if (call.args[k].work == 0) continue;
+      std::optional<typename Api::Timer> timer;  // KILN_PROFILE: the launch between two events
+      if (profile) timer.emplace(dev.ordinal()), timer->start(dev.stream());
       if (last.by_library[k] && Api::library_gemm(g, kernels[k], cp.layouts[k], call.args[k], dev)) {
         kiln::detail::counters_state().kernels_launched.fetch_add(1, std::memory_order_relaxed);
+        if (timer) timer->stop(dev.stream()), detail::profile_record(profile_label(g, cp.mode, k, kernels[k]) + " vendor GEMM", timer->elapsed_ms());
         continue;
       }
       const codegen::GpuVariant& v = call.vars[k];
@@ -514,6 +523,7 @@ class GpuBackend final : public Backend {
       KernelDescription describe{&g, &kernels[k]};
       fns[k].launch({L.grid.x, L.grid.y, L.grid.z}, {L.block.x, L.block.y, L.block.z}, L.shared_bytes, params,
                     LazyText{&KernelDescription::text, &describe}, dev.stream());
+      if (timer) timer->stop(dev.stream()), detail::profile_record(profile_label(g, cp.mode, k, kernels[k]) + " " + variant_text(kernels[k], v), timer->elapsed_ms());
     }
   }
 
