@@ -59,6 +59,9 @@ struct GpuVariant {
   // slot one vector load or store; `strides` then holds each epilogue slot's column stride
   // (zero: broadcast along the row, or unit).
   bool epilogue_vec = false;
+  // pointwise with vec over several dims: V-chunks within rows of the innermost dim (its
+  // size a multiple of V), each row's offsets by division as in the scalar loop
+  bool vec_rows = false;
 };
 
 // The workspace words a split-rows kernel's argument struct ends with: partials, counters.
@@ -217,6 +220,15 @@ class GpuKernelWriter {
     auto all = [](size_t) { return true; };
     std::string s = "  int64_t n = 1; for (int d = 0; d < nd; ++d) n *= sz[d];\n";
     s += "  const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, nthreads = (int64_t)gridDim.x * blockDim.x;\n";
+    if (v_.vec && v_.vec_rows) {  // every slot contiguous or broadcast along the innermost dim, rows aligned
+      std::string V = std::to_string(v_.vec);
+      s += "  const int64_t inner = sz[nd - 1];\n";
+      s += "  for (int64_t i = tid * " + V + "; i < n; i += nthreads * " + V + ") {\n";
+      s += "    const int64_t r = i / inner, j = i - r * inner;\n";
+      s += offsets("r", "0", "nd - 1", "o", "    ");
+      s += bases("    ", "o#");
+      return s + element(ve, "    ", all, true) + "  }\n";
+    }
     if (v_.vec) {  // one innermost dim (or none), every slot contiguous or broadcast, aligned
       std::string V = std::to_string(v_.vec);
       s += bases("  ", "0");

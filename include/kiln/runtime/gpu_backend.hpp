@@ -243,6 +243,32 @@ inline bool vector_epilogue(const ir::Graph& g, const codegen::Layout& l, const 
   return true;
 }
 
+// A pointwise kernel over several dims (a bias broadcast over rows keeps them apart):
+// V-chunks along the innermost dim, V elements of the narrowest contiguous slot in 16
+// bytes, where every slot walks that dim contiguously or not at all, its size is a
+// multiple of V and each contiguous slot's rows start 16-byte aligned. 0: it cannot.
+inline int pointwise_rows_vec(const ir::Graph& g, const codegen::Layout& l, const KernelArgs& a) {
+  int nd = int(a.meta[0]);
+  if (nd < 2) return 0;
+  size_t min_bytes = 16;
+  for (size_t i = 0; i < l.slots.size(); ++i) {
+    if (a.strides[i] == codegen::Stride::any) return 0;
+    if (l.slots[i].role != codegen::SlotRole::rand && a.strides[i] == codegen::Stride::unit)
+      min_bytes = std::min(min_bytes, size_t(info(g.nodes[size_t(l.slots[i].node)].dtype).bytes));
+  }
+  if (min_bytes == 16) return 0;  // nothing contiguous
+  int64_t V = int64_t(16 / min_bytes);
+  if (a.meta[size_t(2 + nd - 1)] % V) return 0;
+  for (size_t i = 0; i < l.slots.size(); ++i) {
+    if (l.slots[i].role == codegen::SlotRole::rand || a.strides[i] != codegen::Stride::unit) continue;
+    int64_t es = int64_t(info(g.nodes[size_t(l.slots[i].node)].dtype).bytes);
+    if (reinterpret_cast<uintptr_t>(a.ptrs[i]) % 16) return 0;
+    for (int d = 0; d + 1 < nd; ++d)
+      if ((a.meta[size_t(2 + nd) + i * size_t(nd) + size_t(d)] * es) % 16) return 0;
+  }
+  return int(V);
+}
+
 // Variant of one kernel for this call, for a device of `warp` lanes per warp
 // (wavefront), of architecture `arch` (GemmProblem::arch: the NVIDIA compute
 // capability, or codegen::gemm_amd_arch of an AMD target) with `sm_count`
@@ -274,6 +300,7 @@ inline codegen::GpuVariant gpu_variant(const ir::Graph& g, const sched::Kernel& 
         if ((a.meta[size_t(2 + nd) + i * size_t(nd) + size_t(d)] * int64_t(es)) % 16) flat = false;
   }
   if (flat && any_unit) v.vec = int(16 / min_bytes);
+  if (!flat && k.kind == sched::KernelKind::pointwise) v.vec = pointwise_rows_vec(g, l, a), v.vec_rows = v.vec > 0;
   if (k.kind == sched::KernelKind::rows) {
     auto [outer, per_row] = rows_extent(a);
     if (column_rows(k, l, a, warp)) {
@@ -410,8 +437,8 @@ inline Hash128 variant_key(const std::vector<codegen::GpuVariant>& vars) {
   for (const codegen::GpuVariant& v : vars) {
     if (!v.strides.empty()) vh.add(v.strides.data(), v.strides.size());
     const codegen::GemmConfig& gc = v.gemm;
-    int32_t w[16] = {v.vec, v.group, v.persist, v.split, v.threads, int(gc.kind), gc.bm, gc.bn, gc.bk, gc.wm, gc.wn, gc.stages,
-                     v.gemm_ops.a_k_major, v.gemm_ops.b_k_major, v.cols, v.epilogue_vec};
+    int32_t w[17] = {v.vec, v.group, v.persist, v.split, v.threads, int(gc.kind), gc.bm, gc.bn, gc.bk, gc.wm, gc.wn, gc.stages,
+                     v.gemm_ops.a_k_major, v.gemm_ops.b_k_major, v.cols, v.epilogue_vec, v.vec_rows};
     vh.add(w, sizeof w);
   }
   return vh.digest();

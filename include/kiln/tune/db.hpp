@@ -190,7 +190,9 @@ inline Db& db() {
 // The fastest of `candidates` for `key`: the stored choice on a hit (nothing is
 // run), else bench(candidate) for each (microseconds; +inf or a throw: it cannot
 // run), the fastest stored. Counts tunings. A stored choice that is no longer a
-// candidate is retuned.
+// candidate is retuned. Every candidate is timed twice, in order and then in reverse
+// order, and scored by the mean: a device whose clocks are still rising (or falling)
+// while the candidates run favours none of them (the drift cancels).
 inline std::string autotune(const Key& key, const std::vector<std::string>& candidates,
                             const std::function<double(const std::string&)>& bench) {
   if (candidates.empty()) throw Error("kiln: autotune " + key.text() + ": no candidates");
@@ -200,8 +202,11 @@ inline std::string autotune(const Key& key, const std::vector<std::string>& cand
   }
   auto t0 = std::chrono::steady_clock::now();
   ::kiln::detail::counters_state().tunings.fetch_add(1, std::memory_order_relaxed);
-  Entry best{"", INFINITY};
-  for (size_t i = 0; i < candidates.size(); ++i) {
+  const size_t n = candidates.size();
+  std::vector<double> total(n, 0);
+  for (size_t step = 0; step < 2 * n; ++step) {
+    size_t i = step < n ? step : 2 * n - 1 - step;
+    if (!std::isfinite(total[i])) continue;  // could not run the first time
     double us = INFINITY;
     try {
       us = bench(candidates[i]);
@@ -210,11 +215,14 @@ inline std::string autotune(const Key& key, const std::vector<std::string>& cand
     }
     if (log_enabled(LogTopic::tune)) {
       char b[160];
-      std::snprintf(b, sizeof b, "tuning %s: [%zu/%zu] %s %.2f us", key.text().c_str(), i + 1, candidates.size(), candidates[i].c_str(), us);
+      std::snprintf(b, sizeof b, "tuning %s: [%zu/%zu] %s %.2f us", key.text().c_str(), step + 1, 2 * n, candidates[i].c_str(), us);
       log(LogTopic::tune, b);
     }
-    if (us < best.us) best = {candidates[i], us};
+    total[i] += us;
   }
+  Entry best{"", INFINITY};
+  for (size_t i = 0; i < n; ++i)
+    if (total[i] / 2 < best.us) best = {candidates[i], total[i] / 2};
   if (best.choice.empty()) throw Error("kiln: autotune " + key.text() + ": no candidate could run");
   db().store(key, best);
   if (log_enabled(LogTopic::tune)) {
