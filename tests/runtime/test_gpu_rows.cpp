@@ -135,7 +135,31 @@ void check_softmax(Device d, int64_t rows, int64_t n) {
   check_close(y, want, Tol{1e-5, 1e-9}, "softmax [" + std::to_string(rows) + ", " + std::to_string(n) + "] on " + d.str());
 }
 
+// A pointwise kernel over two dims that a bias keeps apart, (x + b) * s with b [n] along the
+// rows and s [rows, 1] along the columns, against float64: on a GPU 16-byte chunks within
+// each row where n is whole chunks and the rows start aligned, scalar otherwise.
+template <class DT>
+void check_bias_pointwise(Device d, int64_t rows, int64_t n, Layout l) {
+  KILN_TEST_RNG(rng);
+  auto xi = input<DT, 2>(rng, Shape<2>{rows, n}, l);
+  auto bi = input<DT, 1>(rng, Shape<1>{n}), si = input<DT, 2>(rng, Shape<2>{rows, 1});
+  auto x = on(d, xi.t);
+  auto b = on(d, bi.t);
+  auto s = on(d, si.t);
+  CAPTURE(std::string("[") + std::to_string(rows) + ", " + std::to_string(n) + "] " + name(l) + " on " + d.str());
+  Array want = ref::zip(ref::zip(xi.a, bi.a, [](double p, double q) { return p + q; }), si.a, [](double p, double q) { return p * q; });
+  auto c0 = counters();
+  Tensor<DT, 2> got = (x + b) * s;
+  CHECK(counters().kernels_launched - c0.kernels_launched == 1);
+  check_close(got, want, tol<DT>().scaled(2), "(x + b) * s");
+}
+
 void check_strategies(Device d) {
+  check_bias_pointwise<bf16>(d, 33, 64, Layout::contiguous);  // chunks of 8 within rows
+  check_bias_pointwise<f32>(d, 7, 60, Layout::contiguous);    // chunks of 4
+  check_bias_pointwise<f32>(d, 5, 62, Layout::contiguous);    // 62: scalar
+  check_bias_pointwise<f32>(d, 6, 64, Layout::transposed);    // x strided: scalar
+
   // Split rows: few long rows, contiguous (16-byte steps), odd (scalar steps), transposed.
   check_row_reductions(d, 4, int64_t(1) << 20, Layout::contiguous);
   check_row_reductions(d, 3, 300007, Layout::contiguous);
@@ -170,6 +194,20 @@ std::vector<std::string> strategy_programs(int warp) {
   };
   auto x = [](int64_t r, int64_t n) { return Tensor<f32, 2>::empty(Shape<2>{r, n}, cpu()); };
   std::vector<std::string> out;
+  {  // a bias keeps two dims apart: 16-byte chunks within rows where every slot allows them
+    auto xb = Tensor<bf16, 2>::empty(Shape<2>{33, 64}, cpu());
+    auto b = Tensor<bf16, 1>::empty(Shape<1>{64}, cpu());
+    auto s = Tensor<bf16, 2>::empty(Shape<2>{33, 1}, cpu());
+    auto [src, v] = program((xb + b) * s, x(5, 62) + Tensor<f32, 1>::empty(Shape<1>{62}, cpu()),
+                            Tensor<f32, 2>::empty(Shape<2>{64, 6}, cpu()).transpose(0, 1) + Tensor<f32, 1>::empty(Shape<1>{64}, cpu()));
+    REQUIRE(v.size() == 3);
+    CHECK(v[0].vec == 8);  // the narrowest contiguous slot: bf16
+    CHECK(v[0].vec_rows);
+    CHECK(v[1].vec == 0);  // 62 is no whole number of 4-chunks
+    CHECK(v[2].vec == 0);  // x walks its rows with a stride
+    CHECK(src.find("const int64_t r = i / inner, j = i - r * inner;") != std::string::npos);
+    out.push_back(src);
+  }
   {
     auto [src, v] = program(sum(x(4, int64_t(1) << 20), -1));  // few long rows: split
     CHECK(v[0].split);
