@@ -42,7 +42,12 @@ Dispatch dispatch(FakeGpuBackend& backend, int ordinal, const Es&... es) {
   const auto& p = dev.props;
   int warp = p.warp_size;
   runtime::GpuCall want = runtime::gpu_call(g, *cp, b, warp, p.cc_major * 10 + p.cc_minor, p.sm_count);
-  std::string src = FakeGpuBackend::source(g, cp->plan, want.vars, warp);
+  std::vector<codegen::GpuProgramPart> parts = codegen::gpu_programs(codegen::GpuDialect::cuda, warp, g, cp->plan, want.vars);
+  auto part_of = [&](size_t k) {
+    return *std::find_if(parts.begin(), parts.end(), [&](const auto& part) {
+      return std::find(part.kernels.begin(), part.kernels.end(), k) != part.kernels.end();
+    });
+  };
   std::vector<size_t> kernels;
   std::vector<std::vector<uint64_t>> blocks;
   dev.record_words.clear();
@@ -67,8 +72,9 @@ Dispatch dispatch(FakeGpuBackend& backend, int ordinal, const Es&... es) {
     const sched::Kernel& k = cp->plan.kernels[kernels[i]];
     runtime::GpuLaunch L = runtime::gpu_launch_shape(k, want.args[kernels[i]], want.vars[kernels[i]], p.sm_count, warp);
     CAPTURE(i);
-    CHECK(l.module->source == src);
-    CHECK(l.name == "kiln_k" + std::to_string(kernels[i]));
+    const bool gemm = k.kind == sched::KernelKind::matmul;  // its own program, the one kernel kiln_k0
+    CHECK(l.module->source == part_of(kernels[i]).source);
+    CHECK(l.name == (gemm ? std::string("kiln_k0") : "kiln_k" + std::to_string(kernels[i])));
     CHECK(std::tuple(l.grid.x, l.grid.y, l.grid.z) == std::tuple(L.grid.x, L.grid.y, L.grid.z));
     CHECK(std::tuple(l.block.x, l.block.y, l.block.z) == std::tuple(L.block.x, L.block.y, L.block.z));
     CHECK(l.shared_bytes == L.shared_bytes);
@@ -214,4 +220,27 @@ TEST_CASE("GPU dispatch: many plans, other threads and a new backend each get th
   FakeGpuBackend second;
   CHECK(dispatch(second, 0, x + 1.0f).loads == 1);
   CHECK(dispatch(second, 0, x + 1.0f).loads == 0);
+}
+
+TEST_CASE("GPU dispatch: each GEMM of a plan is a program of its own (max-autotune's), the other kernels one") {
+  KILN_TEST_RNG(rng);
+  FakeGpuBackend backend;
+  auto a = host<bf16>(rng, Shape<2>{256, 64}), w1 = host<bf16>(rng, Shape<2>{64, 128}), w2 = host<bf16>(rng, Shape<2>{128, 64});
+  auto model = [](const Tensor<bf16, 2>& x, const Tensor<bf16, 2>& p, const Tensor<bf16, 2>& q) {
+    return softmax(matmul(gelu(matmul(x, p)), q), -1);  // two GEMMs (gelu fused into the first), a rows kernel
+  };
+  Dispatch first = dispatch(backend, 0, model(a, w1, w2));
+  CHECK(first.loads == 3);  // each GEMM alone, the rows kernel
+  CHECK(dispatch(backend, 0, model(a, w1, w2)).loads == 0);
+  // A GEMM's program is the plan of that one kernel, as max-autotune builds each candidate.
+  ir::Graph g = ir::trace(model(a, w1, w2));
+  auto cp = runtime::plan_for(g, Mode::fused);
+  std::vector<codegen::GpuProgramPart> parts = codegen::gpu_programs(codegen::GpuDialect::cuda, 32, g, cp->plan, first.vars);
+  REQUIRE(parts.size() == 3);
+  for (const auto& part : parts) {
+    if (cp->plan.kernels[part.kernels[0]].kind != sched::KernelKind::matmul) continue;
+    size_t k = part.kernels[0];
+    CHECK(part.source == FakeGpuBackend::source(g, codegen::gpu_single_kernel_plan(cp->plan, k), {first.vars[k]}, 32));
+    CHECK(part.source.find("kiln_k0(") != std::string::npos);
+  }
 }

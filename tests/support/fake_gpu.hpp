@@ -11,6 +11,7 @@
 #pragma once
 #include <cstring>
 #include <deque>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -72,7 +73,9 @@ struct FakeGpuDevice {
   const Properties& properties() const { return props; }
   int ordinal() const { return index; }
   void* stream() const { return nullptr; }
+  std::mutex load_mutex;  // a backend loads a plan's programs from several threads at once
   ModuleRef& load_module(const std::string& source, const std::vector<std::string>& options, const std::string&) {
+    std::lock_guard lock(load_mutex);
     modules.push_back({source, options});
     return refs.emplace_back(ModuleRef{this, &modules.back()});
   }

@@ -584,17 +584,22 @@ class GpuKernelWriter {
   int sites_ = 0;              // block reductions so far (each its own shared array)
 };
 
+// The program of a plan's kernels `only` (all where empty), kernel k named kiln_k<k>.
 inline std::string gpu_source(GpuDialect dialect, int warp_size, const ir::Graph& g, const sched::Plan& plan,
-                              const std::vector<GpuVariant>& variants) {
+                              const std::vector<GpuVariant>& variants, const std::vector<size_t>& only = {}) {
+  std::vector<size_t> ks = only;
+  if (ks.empty())
+    for (size_t k = 0; k < plan.kernels.size(); ++k) ks.push_back(k);
   std::string src = gpu_prelude(dialect, warp_size);
   auto any = [&](GemmKind kind) {
-    return std::any_of(variants.begin(), variants.end(), [&](const GpuVariant& v) { return v.gemm.kind == kind; });
+    return std::any_of(ks.begin(), ks.end(), [&](size_t k) {
+      return plan.kernels[k].kind == sched::KernelKind::matmul && variants[k].gemm.kind == kind;
+    });
   };
   if (any(GemmKind::mma) || any(GemmKind::wgmma)) src += detail::read_device_file("gemm_mma.cuh");
   if (any(GemmKind::wgmma)) src += detail::read_device_file("gemm_wgmma.cuh");
   if (any(GemmKind::mfma)) src += detail::read_device_file("gemm_mfma.cuh");
-  for (size_t k = 0; k < plan.kernels.size(); ++k)
-    src += "\n" + GpuKernelWriter(g, plan.kernels[k], int(k), variants[k]).write();
+  for (size_t k : ks) src += "\n" + GpuKernelWriter(g, plan.kernels[k], int(k), variants[k]).write();
   return src;
 }
 
@@ -604,6 +609,37 @@ inline std::vector<std::string> gpu_compile_options(const std::vector<GpuVariant
   for (const GpuVariant& v : variants)
     if (v.gemm.kind == GemmKind::wgmma) return {"--gpu-architecture=sm_90a"};
   return {};
+}
+
+// The programs a plan variant set is built as, each compiled and cached on its own (and
+// side by side where the API can): every matmul kernel alone, as the one kernel kiln_k0 of
+// a plan of its own (the very program max-autotune times for its config: a tuned plan
+// compiles no GEMM again), and the other kernels in one program (kiln_k<index>).
+struct GpuProgramPart {
+  std::string source;
+  std::vector<std::string> options;
+  std::vector<size_t> kernels;  // the plan's kernels it holds
+};
+inline sched::Plan gpu_single_kernel_plan(const sched::Plan& plan, size_t k) {
+  sched::Plan one;
+  one.kernels = {plan.kernels[k]};
+  one.kernels[0].deps.clear();
+  return one;
+}
+inline std::vector<GpuProgramPart> gpu_programs(GpuDialect dialect, int warp_size, const ir::Graph& g, const sched::Plan& plan,
+                                                const std::vector<GpuVariant>& variants) {
+  std::vector<GpuProgramPart> out;
+  std::vector<size_t> rest;
+  for (size_t k = 0; k < plan.kernels.size(); ++k) {
+    if (plan.kernels[k].kind != sched::KernelKind::matmul) {
+      rest.push_back(k);
+      continue;
+    }
+    out.push_back({gpu_source(dialect, warp_size, g, gpu_single_kernel_plan(plan, k), {variants[k]}),
+                   gpu_compile_options({variants[k]}), {k}});
+  }
+  if (!rest.empty()) out.push_back({gpu_source(dialect, warp_size, g, plan, variants, rest), {}, rest});
+  return out;
 }
 
 }  // namespace kiln::codegen

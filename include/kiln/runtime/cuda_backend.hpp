@@ -68,7 +68,7 @@ struct CudaDeviceApi : GpuDeviceApi<DeviceKind::cuda, codegen::GpuDialect::cuda>
     auto work = [&] {
       for (size_t i; (i = next++) < programs.size();) {
         try {
-          jit::nvrtc_compile(programs[i].first, "kiln_tune", cc / 10, cc % 10, programs[i].second);
+          jit::nvrtc_compile(programs[i].first, "kiln_gemm", cc / 10, cc % 10, programs[i].second);
         } catch (const std::exception&) {  // NOTE: the load reports it, with the candidate's name
         }
       }

@@ -35,6 +35,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <unordered_map>
@@ -601,10 +602,33 @@ class GpuBackend final : public Backend {
     std::lock_guard lock(mu_);
     Hash128 full = Hasher().add(key).add(reinterpret_cast<uintptr_t>(&cp)).add(dev.ordinal()).digest();
     if (auto it = cache_.find(full); it != cache_.end()) return it->second;
-    auto& m = dev.load_module(source(g, cp.plan, vars, dev.properties().warp_size), codegen::gpu_compile_options(vars),
-                              "kiln_plan");
+    // Each GEMM its own program (codegen::gpu_programs), loaded (compiled) side by side with
+    // the rest: load_module is thread-safe and compiles different sources in parallel.
+    std::vector<codegen::GpuProgramPart> parts = codegen::gpu_programs(Api::dialect, dev.properties().warp_size, g, cp.plan, vars);
+    std::vector<std::optional<Function>> slots(cp.plan.kernels.size());
+    std::vector<std::exception_ptr> errors(parts.size());
+    std::atomic<size_t> next{0};
+    auto load = [&] {
+      for (size_t i; (i = next++) < parts.size();) {
+        try {
+          const codegen::GpuProgramPart& part = parts[i];
+          bool gemm = cp.plan.kernels[part.kernels[0]].kind == sched::KernelKind::matmul;
+          auto& m = dev.load_module(part.source, part.options, gemm ? "kiln_gemm" : "kiln_plan");
+          for (size_t k : part.kernels) slots[k] = m.function(gemm ? "kiln_k0" : "kiln_k" + std::to_string(k));
+        } catch (...) {
+          errors[i] = std::current_exception();
+        }
+      }
+    };
+    std::vector<std::thread> threads;
+    size_t helpers = std::min<size_t>(parts.size(), std::max(1u, std::thread::hardware_concurrency())) - 1;
+    for (size_t t = 0; t < helpers; ++t) threads.emplace_back(load);
+    load();
+    for (auto& t : threads) t.join();
+    for (const auto& e : errors)
+      if (e) std::rethrow_exception(e);
     std::vector<Function> fns;
-    for (size_t k = 0; k < cp.plan.kernels.size(); ++k) fns.push_back(m.function("kiln_k" + std::to_string(k)));
+    for (auto& f : slots) fns.push_back(std::move(*f));
     return cache_.emplace(full, std::move(fns)).first->second;
   }
   // max-autotune: each matmul kernel's GEMM config, or the vendor library
@@ -613,14 +637,11 @@ class GpuBackend final : public Backend {
   void tune_matmuls(const ir::Graph& g, CompiledPlan& cp, GpuCall& call, std::vector<uint8_t>& by_library, Device& dev, int arch) {
     const auto& props = dev.properties();
     const auto& kernels = cp.plan.kernels;
-    // This kernel alone, with config c: one small program per candidate.
+    // This kernel alone, with config c: the program the plan builds for it (codegen::gpu_programs).
     auto candidate = [&](size_t k, const codegen::GemmConfig& c) {
       codegen::GpuVariant v = call.vars[k];
       v.gemm = c;
-      sched::Plan one;
-      one.kernels = {kernels[k]};
-      one.kernels[0].deps.clear();
-      return std::pair{one, v};
+      return std::pair{codegen::gpu_single_kernel_plan(cp.plan, k), v};
     };
     // Each matmul kernel's candidates and tuning key, once.
     struct Tuned {
@@ -660,7 +681,7 @@ class GpuBackend final : public Backend {
             if (!Api::library_gemm(g, kernels[k], cp.layouts[k], call.args[k], dev)) throw Error("no algorithm for it");
           });
         auto [one, v] = candidate(k, configs[size_t(std::find(names.begin(), names.end(), name) - names.begin())]);
-        Function f = dev.load_module(source(g, one, {v}, props.warp_size), codegen::gpu_compile_options({v}), "kiln_tune")
+        Function f = dev.load_module(source(g, one, {v}, props.warp_size), codegen::gpu_compile_options({v}), "kiln_gemm")
                          .function("kiln_k0");
         std::vector<uint64_t> block;
         gpu_arg_block(cp.layouts[k], call.args[k], v, nullptr, block);

@@ -73,13 +73,15 @@ inline void precompile(const ir::Graph& g, const CompiledPlan& cp, const std::ve
         }
       }
       if (!changed) continue;
+      // The programs the backend builds (each GEMM alone): the other passes' GEMMs are disk hits.
       auto dialect = amd ? codegen::GpuDialect::hip : codegen::GpuDialect::cuda;
-      std::string src = codegen::gpu_source(dialect, warp, g, cp.plan, vars);
-      if (amd) {
-        jit::hiprtc_compile(src, "kiln_plan", t, {});
-      } else {
-        int cc = std::stoi(t.substr(3));
-        jit::nvrtc_compile(src, "kiln_plan", cc / 10, cc % 10, codegen::gpu_compile_options(vars));
+      for (const codegen::GpuProgramPart& part : codegen::gpu_programs(dialect, warp, g, cp.plan, vars)) {
+        if (amd) {
+          jit::hiprtc_compile(part.source, "kiln_plan", t, {});
+        } else {
+          int cc = std::stoi(t.substr(3));
+          jit::nvrtc_compile(part.source, "kiln_plan", cc / 10, cc % 10, part.options);
+        }
       }
     }
   }
