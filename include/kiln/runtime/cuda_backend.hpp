@@ -24,6 +24,7 @@ struct CudaDeviceApi : GpuDeviceApi<DeviceKind::cuda, codegen::GpuDialect::cuda>
   static cu::CudaDevice& device(int ordinal) { return cu::cuda_device(ordinal); }
   static bool present() noexcept { return cu::cuda_available() && cu::cuda_device_count() > 0; }
   static void empty_cache() { cu::empty_cache(); }
+  static void flush_cache(cu::CudaDevice& dev) { cu::flush_l2(dev.ordinal()); }
   using Timer = cu::EventTimer;
   static std::string arch_name(cu::CudaDevice& dev) {
     return "sm_" + std::to_string(dev.properties().cc_major * 10 + dev.properties().cc_minor);

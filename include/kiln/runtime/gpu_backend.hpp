@@ -487,6 +487,9 @@ struct GpuDeviceApi {
   static void tensor_maps(const KernelArgs&, const codegen::GpuVariant&, TensorMaps&) {
     throw Error("kiln: internal error: a wgmma GEMM on a device without the copy engine");
   }
+  // Evicts the device's cache (queued on its stream) before a timed run; none where it cannot.
+  template <class Dev>
+  static void flush_cache(Dev&) {}
   // Compiles programs (source, options) into the disk cache ahead of their load, side by
   // side where the API can; a failure is left for the load to report.
   template <class Dev>
@@ -700,16 +703,25 @@ class GpuBackend final : public Backend {
     }
     call.key = variant_key(call.vars);
   }
-  // Mean microseconds of `launch` over a few runs after a warm-up, by the device's events.
+  // Median microseconds of `launch` over a few runs after a warm-up, each run alone between
+  // the device's events with the cache flushed before it: in a step a GEMM reads its operands
+  // from memory, while back to back the same launch finds part of them in L2 (on an H200 that
+  // made cuBLASLt and 3-stage configs look faster than in the W4 step, where they were slower).
   template <class F>
   static double time_us(Device& dev, F&& launch) {
     launch();
     typename Api::Timer t(dev.ordinal());
-    constexpr int kRuns = 10;
-    t.start(dev.stream());
-    for (int i = 0; i < kRuns; ++i) launch();
-    t.stop(dev.stream());
-    return double(t.elapsed_ms()) * 1000.0 / kRuns;
+    constexpr int kRuns = 7;
+    std::array<double, kRuns> us{};
+    for (double& u : us) {
+      Api::flush_cache(dev);
+      t.start(dev.stream());
+      launch();
+      t.stop(dev.stream());
+      u = double(t.elapsed_ms()) * 1000.0;
+    }
+    std::sort(us.begin(), us.end());
+    return us[kRuns / 2];
   }
 
   // Split rows: room for `words` 8-byte partials and `counters` zeroed counters (one per
