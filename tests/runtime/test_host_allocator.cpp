@@ -21,8 +21,13 @@ TEST_CASE("host allocator: a repeated compiled call takes every block from the c
   auto bc = b.t.to(cpu());
   // A GEMM with a fused epilogue, a rows kernel and an intermediate between them.
   auto model = compile([](const auto& x, const auto& w, const auto& b) { return softmax(gelu(matmul(x, w) + b), -1); });
-  Array want = ref::softmax(ref::map(ref::zip(ref::matmul(x.a, w.a), b.a, std::plus<>()), ref::gelu), -1);
-  check_close(Tensor<f32, 2>(model(xc, wc, bc)), want, tol<f32>(), "first call");
+  Array scale;
+  Array want = ref::softmax(ref::map(ref::zip(ref::matmul(x.a, w.a, &scale), b.a, std::plus<>()), ref::gelu), -1);
+  // The f32 GEMM's rounding (K terms, each up to |x||w|) passes through gelu (slope < 1.13) into
+  // softmax, whose outputs move relatively by at most twice the largest change of their row.
+  double worst = *std::max_element(scale.v.begin(), scale.v.end());
+  const Tol t{tol<f32>().rtol + 2 * 1.13 * 45 * 0x1p-24 * worst, tol<f32>().atol};
+  check_close(Tensor<f32, 2>(model(xc, wc, bc)), want, t, "first call");
   for (int call = 0; call < 3; ++call) {
     const CachingAllocatorStats before = host_allocator().stats();
     Tensor<f32, 2> y = model(xc, wc, bc);
@@ -30,7 +35,7 @@ TEST_CASE("host allocator: a repeated compiled call takes every block from the c
     CHECK(after.device_allocs == before.device_allocs);
     // The output, the intermediate and at least three GEMM scratch blocks (packed B, packed A, workspace).
     CHECK(after.reuses - before.reuses >= 5);
-    check_close(y, want, tol<f32>(), "call " + std::to_string(call));
+    check_close(y, want, t, "call " + std::to_string(call));
   }
 }
 
