@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "../support/fake_gpu.hpp"
+#include "../support/scratch_cache.hpp"
 #include "../support/reference.hpp"
 
 using namespace kiln;
@@ -243,4 +244,39 @@ TEST_CASE("GPU dispatch: each GEMM of a plan is a program of its own (max-autotu
     CHECK(part.source == FakeGpuBackend::source(g, codegen::gpu_single_kernel_plan(cp->plan, k), {first.vars[k]}, 32));
     CHECK(part.source.find("kiln_k0(") != std::string::npos);
   }
+}
+
+TEST_CASE("GPU dispatch: max-autotune times each GEMM candidate twice, each run alone after a cache flush") {
+  ScratchCache cache;  // an empty tuning database: this call tunes
+  KILN_TEST_RNG(rng);
+  FakeGpuBackend backend;
+  auto a = host<bf16>(rng, Shape<2>{256, 64}), w = host<bf16>(rng, Shape<2>{64, 128});
+  ir::Graph g = ir::trace(matmul(a, w));
+  auto cp = runtime::plan_for(g, Mode::max_autotune);
+  runtime::Bound b = runtime::bind_buffers(g, cp->plan);
+  FakeGpuDevice& dev = FakeGpuApi::device(0);
+  const auto& p = dev.props;
+  runtime::GpuCall call = runtime::gpu_call(g, *cp, b, p.warp_size, p.cc_major * 10 + p.cc_minor, p.sm_count);
+  codegen::GemmProblem problem = runtime::gemm_problem(g, cp->plan.kernels[0], call.args[0], p.cc_major * 10 + p.cc_minor, p.sm_count);
+  // The fake device has no copy engine (no tensor maps): its wgmma candidates cannot run and are
+  // timed once, failing; the others run.
+  std::vector<codegen::GemmConfig> runnable;
+  for (const codegen::GemmConfig& c : codegen::gemm_tuning_candidates(problem))
+    if (c.kind != codegen::GemmKind::wgmma) runnable.push_back(c);
+  size_t candidates = runnable.size();
+  REQUIRE(candidates > 1);
+  int f0 = FakeGpuApi::flushes, t0 = FakeGpuApi::timed;
+  Counters c0 = counters();
+  backend.run(g, *cp, b);
+  CHECK(counters().tunings - c0.tunings == 1);
+  // Per candidate: twice (in order, in reverse), a warm-up then seven runs, each flushed and timed alone.
+  CHECK(FakeGpuApi::timed - t0 == int(2 * 7 * candidates));
+  CHECK(FakeGpuApi::flushes - f0 == FakeGpuApi::timed - t0);
+  // Every candidate that ran took 1 ms: the first of them (the best-known) is kept.
+  auto stored = tune::db().find(runtime::matmul_tune_key(g, cp->plan.kernels[0], cp->layouts[0], problem, "", "sm_90"));
+  REQUIRE(stored);
+  CHECK(stored->choice == runnable.front().str());
+  int t1 = FakeGpuApi::timed;
+  backend.run(g, *cp, b);  // a database hit: nothing timed
+  CHECK(FakeGpuApi::timed == t1);
 }

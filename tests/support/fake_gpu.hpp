@@ -9,6 +9,7 @@
 // given. Used by tests (which program and launch a call gets) and by
 // bench/host_overhead (the GPU dispatch's own host work per call).
 #pragma once
+#include <atomic>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -98,9 +99,12 @@ struct FakeGpuApi : runtime::GpuDeviceApi<DeviceKind::cpu, codegen::GpuDialect::
                            FakeGpuDevice&) {
     return false;
   }
+  // max-autotune's timing: every cache flush and every timed run (each takes 1 ms).
+  static inline std::atomic<int> flushes{0}, timed{0};
+  static void flush_cache(FakeGpuDevice&) { ++flushes; }
   struct Timer {
     explicit Timer(int) {}
-    void start(void*) {}
+    void start(void*) { ++timed; }
     void stop(void*) {}
     float elapsed_ms() const { return 1.0f; }
   };

@@ -16,31 +16,12 @@
 #include <map>
 
 #include "../support/reference.hpp"
+#include "../support/scratch_cache.hpp"
 
 using namespace kiln;
 using namespace kiln::test;
 
 namespace {
-
-// A fresh private cache directory for one test, KILN_CACHE_DIR restored after.
-struct ScratchCache {
-  std::string dir, saved;
-  bool had = false;
-  ScratchCache() {
-    char tmpl[] = "/tmp/kiln-tune-XXXXXX";
-    dir = ::mkdtemp(tmpl);
-    if (const char* e = std::getenv("KILN_CACHE_DIR")) had = true, saved = e;
-    ::setenv("KILN_CACHE_DIR", dir.c_str(), 1);
-    tune::db().clear_memory();
-  }
-  ~ScratchCache() {
-    if (had) ::setenv("KILN_CACHE_DIR", saved.c_str(), 1);
-    else ::unsetenv("KILN_CACHE_DIR");
-    tune::db().clear_memory();
-    std::string cmd = "rm -rf '" + dir + "'";
-    if (std::system(cmd.c_str()) != 0) MESSAGE("could not remove " << dir);
-  }
-};
 
 tune::Key test_key(const std::string& tag) {
   return {"matmul", tune::gemm_shape_class(1, 1000, 1024, 513), DType::bf16, "ak-bn+" + tag, "sm_90", "0123456789ab"};
