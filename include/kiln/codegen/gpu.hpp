@@ -626,6 +626,11 @@ inline sched::Plan gpu_single_kernel_plan(const sched::Plan& plan, size_t k) {
   one.kernels[0].deps.clear();
   return one;
 }
+// Matmul kernel k alone with variant v: the one kernel kiln_k0 of a plan of its own.
+inline GpuProgramPart gpu_gemm_program(GpuDialect dialect, int warp_size, const ir::Graph& g, const sched::Plan& plan, size_t k,
+                                       const GpuVariant& v) {
+  return {gpu_source(dialect, warp_size, g, gpu_single_kernel_plan(plan, k), {v}), gpu_compile_options({v}), {k}};
+}
 inline std::vector<GpuProgramPart> gpu_programs(GpuDialect dialect, int warp_size, const ir::Graph& g, const sched::Plan& plan,
                                                 const std::vector<GpuVariant>& variants) {
   std::vector<GpuProgramPart> out;
@@ -635,8 +640,7 @@ inline std::vector<GpuProgramPart> gpu_programs(GpuDialect dialect, int warp_siz
       rest.push_back(k);
       continue;
     }
-    out.push_back({gpu_source(dialect, warp_size, g, gpu_single_kernel_plan(plan, k), {variants[k]}),
-                   gpu_compile_options({variants[k]}), {k}});
+    out.push_back(gpu_gemm_program(dialect, warp_size, g, plan, k, variants[k]));
   }
   if (!rest.empty()) out.push_back({gpu_source(dialect, warp_size, g, plan, variants, rest), {}, rest});
   return out;

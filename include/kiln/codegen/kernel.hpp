@@ -209,7 +209,7 @@ class MatmulEpilogue {
     std::string W = std::to_string(width);
     auto name = [&](const char* what, int i) { return std::string(what) + tag + "_" + std::to_string(i); };
     auto vec = [&](int i) { return "kiln_vec<" + storage_type(dtype_of_slot(i)) + ", " + W + ">"; };
-    for (int i : store_slots()) {
+    for (int i : l_.epilogue_slots) {
       std::string si = std::to_string(i), x = name("x", i);
       bool unit = cls[size_t(i)] == Stride::unit;
       out.loads += ind + "const int64_t " + x + " = e" + si + " + (" + row + ") * est[" + si + " * nd + nd - 2]" +
@@ -229,7 +229,7 @@ class MatmulEpilogue {
     a.store = [&](int i, const std::string& v) { return name("S", i) + ".v[u] = " + v; };
     out.body += ind + "#pragma unroll\n" + ind + "for (int u = 0; u < " + W + "; ++u) {\n";
     out.body += emit(vals + "[u]", ind + "  ", a) + ind + "}\n";
-    for (int i : store_slots())
+    for (int i : l_.epilogue_slots)
       if (l_.slots[size_t(i)].role == SlotRole::store)
         out.body += ind + "kiln_vec_store(p" + std::to_string(i) + " + " + name("x", i) + ", " + name("S", i) + ");\n";
     return out;

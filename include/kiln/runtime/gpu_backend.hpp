@@ -640,18 +640,15 @@ class GpuBackend final : public Backend {
   void tune_matmuls(const ir::Graph& g, CompiledPlan& cp, GpuCall& call, std::vector<uint8_t>& by_library, Device& dev, int arch) {
     const auto& props = dev.properties();
     const auto& kernels = cp.plan.kernels;
-    // This kernel alone, with config c: the program the plan builds for it (codegen::gpu_programs).
-    auto candidate = [&](size_t k, const codegen::GemmConfig& c) {
-      codegen::GpuVariant v = call.vars[k];
-      v.gemm = c;
-      return std::pair{codegen::gpu_single_kernel_plan(cp.plan, k), v};
-    };
-    // Each matmul kernel's candidates and tuning key, once.
+    // Each matmul kernel's candidates (their variants and programs: the program the plan
+    // builds for that config, codegen::gpu_programs) and tuning key, once.
     struct Tuned {
       size_t k;
       std::vector<codegen::GemmConfig> configs;
       bool library;
       tune::Key key;
+      std::vector<codegen::GpuVariant> vars;
+      std::vector<codegen::GpuProgramPart> programs;
     };
     std::vector<Tuned> tuned;
     for (size_t k = 0; k < kernels.size(); ++k) {
@@ -663,16 +660,23 @@ class GpuBackend final : public Backend {
     }
     // NOTE: compiling the candidates is most of a tuning's time: every program of every
     // key the database lacks is compiled first, side by side (Api::compile_ahead).
-    std::vector<std::pair<std::string, std::vector<std::string>>> ahead;
-    for (const Tuned& t : tuned) {
-      if (tune::db().find(t.key)) continue;
+    // Built only where a key is tuned (never on a database hit: max-autotune runs this per call).
+    auto build_programs = [&](Tuned& t) {
+      if (!t.programs.empty()) return;
       for (const codegen::GemmConfig& c : t.configs) {
-        auto [one, v] = candidate(t.k, c);
-        ahead.push_back({source(g, one, {v}, props.warp_size), codegen::gpu_compile_options({v})});
+        codegen::GpuVariant& v = t.vars.emplace_back(call.vars[t.k]);
+        v.gemm = c;
+        t.programs.push_back(codegen::gpu_gemm_program(Api::dialect, props.warp_size, g, cp.plan, t.k, v));
       }
+    };
+    std::vector<std::pair<std::string, std::vector<std::string>>> ahead;
+    for (Tuned& t : tuned) {
+      if (tune::db().find(t.key)) continue;
+      build_programs(t);
+      for (const codegen::GpuProgramPart& part : t.programs) ahead.push_back({part.source, part.options});
     }
     if (ahead.size() > 1) Api::compile_ahead(ahead, dev);
-    for (const Tuned& t : tuned) {
+    for (Tuned& t : tuned) {
       const size_t k = t.k;
       const std::vector<codegen::GemmConfig>& configs = t.configs;
       std::vector<std::string> names;
@@ -683,18 +687,19 @@ class GpuBackend final : public Backend {
           return time_us(dev, [&] {
             if (!Api::library_gemm(g, kernels[k], cp.layouts[k], call.args[k], dev)) throw Error("no algorithm for it");
           });
-        auto [one, v] = candidate(k, configs[size_t(std::find(names.begin(), names.end(), name) - names.begin())]);
-        Function f = dev.load_module(source(g, one, {v}, props.warp_size), codegen::gpu_compile_options({v}), "kiln_gemm")
-                         .function("kiln_k0");
+        build_programs(t);  // a stored choice that is no longer a candidate is retuned
+        const size_t i = size_t(std::find(names.begin(), names.end(), name) - names.begin());
+        const codegen::GpuVariant& v = t.vars[i];
+        Function f = dev.load_module(t.programs[i].source, t.programs[i].options, "kiln_gemm").function("kiln_k0");
         std::vector<uint64_t> block;
         gpu_arg_block(cp.layouts[k], call.args[k], v, nullptr, block);
         TensorMaps maps;
         void* params[] = {block.data(), &maps.a, &maps.b};
         if (v.gemm.kind == codegen::GemmKind::wgmma) Api::tensor_maps(call.args[k], v, maps);
         GpuLaunch L = gpu_launch_shape(kernels[k], call.args[k], v, props.sm_count, props.warp_size);
+        const std::string what = describe_kernel(g, kernels[k]);
         return time_us(dev, [&] {
-          f.launch({L.grid.x, L.grid.y, L.grid.z}, {L.block.x, L.block.y, L.block.z}, L.shared_bytes, params,
-                   describe_kernel(g, kernels[k]), dev.stream());
+          f.launch({L.grid.x, L.grid.y, L.grid.z}, {L.block.x, L.block.y, L.block.z}, L.shared_bytes, params, what, dev.stream());
         });
       });
       if (choice == Api::kLibraryGemm) by_library[k] = 1;
