@@ -10,6 +10,7 @@
 // each block size of block-per-row kernels.
 // KILN_BENCH_ONLY=gemm, w4 or rows runs that part alone (rows: the copy ceiling, W1, W2,
 // W3, W8 and split rows, and the sweeps); KILN_BENCH_ROW=W2 (W1, W3, W8, split) one row.
+// KILN_BENCH_GEMM_SWEEP=1 also times bf16 8192^3 and the W4 step with each GEMM config forced.
 #include <kiln/kiln.hpp>
 
 #include "w4.hpp"
@@ -228,6 +229,17 @@ static std::string w4_step_bench() {
   double fused = time_ms([&] { auto o = run(Mode::fused, st); }, 10);
   double eager = time_ms([&] { auto o = run(Mode::eager, st); }, 5);
   size_t kernels = std::apply([](const auto&... x) { return kernel_count(Mode::fused, x...); }, st);
+  if (std::getenv("KILN_BENCH_GEMM_SWEEP")) {  // the step with every GEMM forced to each wgmma config
+    const auto& props = cu::cuda_device().properties();
+    for (const codegen::GemmConfig& cfg : codegen::gemm_candidates(DType::bf16, props.cc_major * 10 + props.cc_minor)) {
+      if (cfg.kind != codegen::GemmKind::wgmma) continue;
+      codegen::gemm_chooser() = [cfg](const codegen::GemmProblem& q) { return codegen::gemm_fits(cfg, q) ? std::optional(cfg) : std::nullopt; };
+      double ms = time_ms([&] { auto o = run(Mode::fused, st); }, 10);
+      std::printf("W4 fused, GEMMs forced to %-28s %8.3f ms\n", cfg.str().c_str(), ms);
+      std::fflush(stdout);
+    }
+    codegen::gemm_chooser() = nullptr;
+  }
   double worst = std::max({e_loss, e[0], e[1], e[2], e[3], e[4]});
   // max-autotune from cold: a fresh cache directory (no tuning database, no compiled candidate
   // on disk); the first call tunes every matmul and compiles; then the tuned step's time.

@@ -141,12 +141,11 @@ TEST_CASE("gemm config choice: tensor cores only where dtype, architecture and l
     CHECK(codegen::gemm_choose(problem(100, 100, 100, DType::f16, true, 90)).kind == GemmKind::simt);
     CHECK(codegen::gemm_choose(problem(100, 100, 100, DType::f16, false, -0x90a)).kind == GemmKind::simt);
   }
-  // What max-autotune times: where wgmma fits, every wgmma config and the best-known mma config
-  // of each block tile; else every mma config.
+  // What max-autotune times: where wgmma fits, every wgmma config; else every mma config.
   auto tuned = codegen::gemm_tuning_candidates(problem(8192, 8192, 8192, DType::bf16, true, 90, true));
   auto count = [](const std::vector<GemmConfig>& cs, GemmKind k) { return std::count_if(cs.begin(), cs.end(), [&](const GemmConfig& c) { return c.kind == k; }); };
-  CHECK(count(tuned, GemmKind::wgmma) == 4);
-  CHECK(count(tuned, GemmKind::mma) == 5);
+  CHECK(count(tuned, GemmKind::wgmma) == 6);
+  CHECK(count(tuned, GemmKind::mma) == 0);
   auto no_tma = codegen::gemm_tuning_candidates(problem(8192, 8192, 8192, DType::bf16, true, 90));
   CHECK(count(no_tma, GemmKind::wgmma) == 0);
   CHECK(count(no_tma, GemmKind::mma) == 12);
@@ -300,6 +299,38 @@ TEST_CASE("the Hopper kernel's epilogue: 4 columns per access where every slot i
   CHECK(p.src.find("kiln_bar_sync(1 + c, 128)") != std::string::npos);
   CHECK(p.src.find("kiln_vec_load<uint16_t, 4>(") != std::string::npos);
   CHECK(jit::cubin_sm(jit::nvrtc_compile(p.src, "kiln_gemm_epilogue", 9, 0, codegen::gpu_compile_options(p.vars))) == 90);
+}
+
+TEST_CASE("the persistent Hopper kernel: a block per SM walks the tiles; it compiles with the staged epilogue") {
+  if (!jit::nvrtc_available()) {
+    MESSAGE("NVRTC not found: skipped");
+    return;
+  }
+  auto e = [](int64_t r, int64_t c) { return Tensor<bf16, 2>::empty(Shape<2>{r, c}, cpu()); };
+  auto b = Tensor<bf16, 1>::empty(Shape<1>{4096}, cpu());
+  std::vector<GemmConfig> persistent;
+  for (const GemmConfig& c : codegen::gemm_candidates(DType::bf16, 90))
+    if (c.persistent) persistent.push_back(c);
+  REQUIRE(persistent.size() == 2);
+  for (const GemmConfig& c : persistent) {
+    CAPTURE(c.str());
+    CHECK(c.str().size() > 2);
+    CHECK(c.str().substr(c.str().size() - 2) == "_p");
+    GemmHook force(c);
+    // 2048 x 4096: 16 x 16 tiles of 128 x 256 (16 x 32 of 128 x 128) on 132 SMs; 64 x 48: one tile
+    GpuProgram p = cuda_program(90, kiln::gelu(matmul(e(2048, 1024), e(1024, 4096)) + b), matmul(e(64, 32), e(32, 48)));
+    std::vector<codegen::GpuVariant> mm = p.matmuls();
+    REQUIRE(mm.size() == 2);
+    std::vector<unsigned> blocks;
+    for (size_t k = 0; k < p.kinds.size(); ++k)
+      if (p.kinds[k] == sched::KernelKind::matmul) blocks.push_back(p.launches[k].grid.x);
+    std::sort(blocks.begin(), blocks.end());
+    CHECK(blocks == std::vector<unsigned>{1u, 132u});
+    for (const auto& v : mm) CHECK(v.gemm == c);
+    CHECK((mm[0].epilogue_vec || mm[1].epilogue_vec));
+    CHECK(p.src.find("tile += gridDim.x") != std::string::npos);
+    CHECK(jit::cubin_sm(jit::nvrtc_compile(p.src, "kiln_gemm_persistent", 9, 0, codegen::gpu_compile_options(p.vars))) == 90);
+  }
 }
 
 }  // TEST_SUITE("nvrtc")
@@ -578,7 +609,8 @@ TEST_CASE_TEMPLATE("GPU GEMM epilogue in the Hopper kernel: interior tiles 4 col
   Array bound2 = ref::zip(scale2, rt.a, [](double p, double q) { return p + std::fabs(q); });
   std::vector<GemmConfig> tiles;  // each wgmma tile shape once (the staging walks BN in 32-column chunks)
   for (const GemmConfig& c : codegen::gemm_candidates(DT::id, 90))
-    if (c.kind == GemmKind::wgmma && std::none_of(tiles.begin(), tiles.end(), [&](const GemmConfig& t) { return t.bn == c.bn; }))
+    if (c.kind == GemmKind::wgmma &&
+        std::none_of(tiles.begin(), tiles.end(), [&](const GemmConfig& t) { return t.bn == c.bn && t.persistent == c.persistent; }))
       tiles.push_back(c);
   for (const GemmConfig& c : tiles) {
     CAPTURE(c.str());
@@ -590,6 +622,56 @@ TEST_CASE_TEMPLATE("GPU GEMM epilogue in the Hopper kernel: interior tiles 4 col
     REQUIRE(hook.seen.size() == 2);
     for (const GemmProblem& p : hook.seen) CHECK(codegen::gemm_choose(p) == c);
   }
+}
+
+TEST_CASE("GPU GEMM: the persistent Hopper kernel over more tiles than SMs, each block several tiles") {
+  if (kiln::default_device() == kiln::cpu() || cuda_arch() != 90) return;
+  KILN_TEST_RNG(rng);
+  // 9 x 16 tiles of 128 x 256 (9 x 31 of 128 x 128) on 132 SMs: blocks take a second or third
+  // tile while their producer is already loading it, the stage ring wrapping inside tiles; odd
+  // M and N, a partial last K step.
+  const int64_t M = 1100, N = 3900, K = 136;
+  Values v{-2, 2};
+  auto x = input<bf16, 2>(rng, {M, K}, Layout::contiguous, v), xt = input<bf16, 2>(rng, {M, K}, Layout::transposed, v);
+  auto w = input<bf16, 2>(rng, {K, N}, Layout::contiguous, v), wt = input<bf16, 2>(rng, {K, N}, Layout::transposed, v);
+  auto b = input<bf16, 1>(rng, {N}, Layout::contiguous, v);
+  auto r = input<bf16, 2>(rng, {M, N}, Layout::contiguous, v);
+  // float64 products p @ q and sums of |terms| (ref::matmul is too slow at this size), row-major.
+  auto product = [&](const Array& p, const Array& q, Array& scale) {
+    Array out(Dims{M, N});
+    scale = Array(Dims{M, N});
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t k = 0; k < K; ++k) {
+        const double a = p.v[size_t(i * K + k)];
+        for (int64_t j = 0; j < N; ++j) {
+          const double t = a * q.v[size_t(k * N + j)];
+          out.v[size_t(i * N + j)] += t, scale.v[size_t(i * N + j)] += std::fabs(t);
+        }
+      }
+    return out;
+  };
+  Array scale, scale2;
+  Array pre = ref::zip(product(x.a, w.a, scale), b.a, [](double p, double q) { return p + q; });
+  Array bound = ref::zip(scale, b.a, [](double p, double q) { return std::fabs(p) + std::fabs(q); });
+  Array want2 = ref::zip(product(xt.a, wt.a, scale2), r.a, [](double p, double q) { return p + q; });
+  Array bound2 = ref::zip(scale2, r.a, [](double p, double q) { return p + std::fabs(q); });
+  int persistent = 0;
+  for (const GemmConfig& c : codegen::gemm_candidates(DType::bf16, 90)) {
+    if (!c.persistent) continue;
+    ++persistent;
+    CAPTURE(c.str());
+    Batch batch;
+    batch.check(kiln::gelu(kiln::matmul(x.t, w.t) + b.t), ref::map(pre, ref::gelu), tol<bf16>().scaled(2), "gelu(x @ w + b)", bound);
+    batch.check(kiln::matmul(xt.t, wt.t) + r.t, want2, tol<bf16>().scaled(2), "transposed x @ transposed w + r", bound2);
+    GemmHook hook(c);
+    batch.run();
+    REQUIRE(hook.seen.size() == 2);
+    for (const GemmProblem& p : hook.seen) {
+      CHECK(codegen::gemm_choose(p) == c);
+      CHECK(codegen::gemm_tiles(c, p) > 132);
+    }
+  }
+  CHECK(persistent == 2);
 }
 
 }  // TEST_SUITE("gpu")

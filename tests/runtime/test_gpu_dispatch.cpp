@@ -255,25 +255,31 @@ TEST_CASE("GPU dispatch: max-autotune times each GEMM candidate twice, each run 
   auto cp = runtime::plan_for(g, Mode::max_autotune);
   runtime::Bound b = runtime::bind_buffers(g, cp->plan);
   FakeGpuDevice& dev = FakeGpuApi::device(0);
+  // An sm_80 device: the fake has no copy engine (no tensor maps) for sm_90's wgmma candidates.
+  struct Sm80 {
+    FakeGpuDevice& d;
+    explicit Sm80(FakeGpuDevice& dev) : d(dev) { d.props.cc_major = 8; }
+    ~Sm80() { d.props.cc_major = 9; }
+  } sm80(dev);
   const auto& p = dev.props;
   runtime::GpuCall call = runtime::gpu_call(g, *cp, b, p.warp_size, p.cc_major * 10 + p.cc_minor, p.sm_count);
   codegen::GemmProblem problem = runtime::gemm_problem(g, cp->plan.kernels[0], call.args[0], p.cc_major * 10 + p.cc_minor, p.sm_count);
-  // The fake device has no copy engine (no tensor maps): its wgmma candidates cannot run and are
-  // timed once, failing; the others run.
-  std::vector<codegen::GemmConfig> runnable;
-  for (const codegen::GemmConfig& c : codegen::gemm_tuning_candidates(problem))
-    if (c.kind != codegen::GemmKind::wgmma) runnable.push_back(c);
+  std::vector<codegen::GemmConfig> runnable = codegen::gemm_tuning_candidates(problem);
   size_t candidates = runnable.size();
   REQUIRE(candidates > 1);
   int f0 = FakeGpuApi::flushes, t0 = FakeGpuApi::timed;
+  size_t l0 = dev.launches;
   Counters c0 = counters();
   backend.run(g, *cp, b);
   CHECK(counters().tunings - c0.tunings == 1);
   // Per candidate: twice (in order, in reverse), a warm-up then seven runs, each flushed and timed alone.
   CHECK(FakeGpuApi::timed - t0 == int(2 * 7 * candidates));
   CHECK(FakeGpuApi::flushes - f0 == FakeGpuApi::timed - t0);
+  // Besides those, the plan ran twice: as the heuristic chose (so that the candidates are timed
+  // on the values the call computes), then as tuned.
+  CHECK(dev.launches - l0 == 2 * 8 * candidates + 2);
   // Every candidate that ran took 1 ms: the first of them (the best-known) is kept.
-  auto stored = tune::db().find(runtime::matmul_tune_key(g, cp->plan.kernels[0], cp->layouts[0], problem, "", "sm_90"));
+  auto stored = tune::db().find(runtime::matmul_tune_key(g, cp->plan.kernels[0], cp->layouts[0], problem, "", "sm_80"));
   REQUIRE(stored);
   CHECK(stored->choice == runnable.front().str());
   int t1 = FakeGpuApi::timed;

@@ -233,7 +233,9 @@ std::vector<std::string> strategy_programs(int warp) {
   {
     auto [src, v] = program(softmax(x(64, 8192), -1));  // a block per row, in registers
     CHECK(!v[0].split);
-    CHECK(v[0].persist > 0);
+    // W2's rows: 256 threads of 8 16-byte chunks (4 blocks per SM on an H200, not 2 of 512)
+    CHECK(v[0].threads == 256);
+    CHECK(v[0].persist == 8);
     CHECK(src.find("KILN_LAUNCH_BOUNDS(" + std::to_string(v[0].threads) + ", ") != std::string::npos);
     CHECK(src.find("* kiln_recip(r") != std::string::npos);  // by the row's sum: one reciprocal, a product per element
     out.push_back(src);
@@ -243,6 +245,7 @@ std::vector<std::string> strategy_programs(int warp) {
     auto w = Tensor<bf16, 1>::empty(Shape<1>{4096}, cpu()), b = Tensor<bf16, 1>::empty(Shape<1>{4096}, cpu());
     auto [src, v] = program(layer_norm(xb, w, b, 1e-5));  // in registers, with weight and bias
     CHECK(v[0].persist > 0);
+    CHECK(v[0].threads == 128);  // W3's rows: 512 16-byte chunks, four per thread
     // x loaded once into registers, weight and bias only where the store pass reads them
     size_t loads = 0;
     for (size_t p = src.find("kiln_load_vec<"); p != std::string::npos; p = src.find("kiln_load_vec<", p + 1)) ++loads;

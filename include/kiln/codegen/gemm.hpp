@@ -50,6 +50,9 @@ enum class GemmKind : uint8_t { simt, mma, wgmma, mfma };
 struct GemmConfig {
   GemmKind kind = GemmKind::simt;
   int bm = 64, bn = 64, bk = 16, wm = 4, wn = 4, stages = 2;
+  // wgmma only: one block per SM walks the tiles (gemm_sm90.hpp), its producer loading the
+  // next tile while the consumers store this one.
+  bool persistent = false;
 
   int threads() const {
     if (kind == GemmKind::wgmma) return (bm / wm + 1) * 128;
@@ -58,7 +61,8 @@ struct GemmConfig {
   std::string str() const {
     static const char* names[] = {"simt", "mma", "wgmma", "mfma"};
     return std::string(names[int(kind)]) + "_" + std::to_string(bm) + "x" + std::to_string(bn) +
-           "x" + std::to_string(bk) + "_" + std::to_string(wm) + "x" + std::to_string(wn) + "_s" + std::to_string(stages);
+           "x" + std::to_string(bk) + "_" + std::to_string(wm) + "x" + std::to_string(wn) + "_s" + std::to_string(stages) +
+           (persistent ? "_p" : "");
   }
   bool operator==(const GemmConfig&) const = default;
 };
@@ -125,8 +129,11 @@ inline std::vector<GemmConfig> gemm_candidates(DType d, int arch) {
   // wgmma: 128-row tiles of two consumer warpgroups, K steps of 64 (one 128-byte swizzle row).
   std::vector<GemmConfig> hopper;
   if (gemm_has_wgmma(d, arch))
-    hopper = {{K::wgmma, 128, 256, 64, 64, 256, 4}, {K::wgmma, 128, 128, 64, 64, 128, 6},
-              {K::wgmma, 128, 192, 64, 64, 192, 4}, {K::wgmma, 128, 256, 64, 64, 256, 3}};
+    // NOTE: the persistent 128x256 kernel took the W4 step from 10.80 to 10.21 ms on an H200
+    // (KILN_BENCH_GEMM_SWEEP=1 gpu_bench, every GEMM forced to each config).
+    hopper = {{K::wgmma, 128, 256, 64, 64, 256, 4, true}, {K::wgmma, 128, 128, 64, 64, 128, 6},
+              {K::wgmma, 128, 192, 64, 64, 192, 4}, {K::wgmma, 128, 256, 64, 64, 256, 4},
+              {K::wgmma, 128, 256, 64, 64, 256, 3}, {K::wgmma, 128, 128, 64, 64, 128, 6, true}};
   if (gemm_has_mma(d, arch)) {
     std::vector<GemmConfig> ampere = {{K::mma, 128, 128, 32, 64, 64, 4}, {K::mma, 128, 128, 32, 64, 64, 3}, {K::mma, 128, 128, 32, 64, 64, 5},
             {K::mma, 128, 128, 64, 64, 64, 3}, {K::mma, 128, 128, 64, 64, 64, 2}, {K::mma, 128, 128, 32, 64, 32, 4},
@@ -146,17 +153,13 @@ inline std::vector<GemmConfig> gemm_candidates(DType d, int arch) {
 }
 
 // What max-autotune times for this problem: the candidates that fit it; where wgmma
-// fits, of the mma configs only the best-known of each block tile (on an H200 every
-// mma config ran at half wgmma's speed or less: docs/benchmarks.md).
+// fits, no mma config (on an H200 every mma config ran at half wgmma's speed or less:
+// docs/benchmarks.md; compiling them was a third of W4's tuning time).
 inline std::vector<GemmConfig> gemm_tuning_candidates(const GemmProblem& p) {
   std::vector<GemmConfig> all = gemm_candidates(p.dtype, p.tensor_ok ? p.arch : 0), out;
   bool hopper = std::any_of(all.begin(), all.end(), [&](const GemmConfig& c) { return c.kind == GemmKind::wgmma && gemm_fits(c, p); });
-  for (const GemmConfig& c : all) {
-    if (!gemm_fits(c, p)) continue;
-    bool seen = std::any_of(out.begin(), out.end(), [&](const GemmConfig& o) { return o.kind == c.kind && o.bm == c.bm && o.bn == c.bn; });
-    if (hopper && c.kind == GemmKind::mma && seen) continue;
-    out.push_back(c);
-  }
+  for (const GemmConfig& c : all)
+    if (gemm_fits(c, p) && !(hopper && c.kind == GemmKind::mma)) out.push_back(c);
   return out;
 }
 
@@ -259,11 +262,16 @@ class GemmWriter {
     s += "  A0 += oa; B0 += ob;\n" + prelude;
     s += "  constexpr int BM = " + std::to_string(c_.bm) + ", BN = " + std::to_string(c_.bn) + ", BK = " + std::to_string(c_.bk) +
          ", WM = " + std::to_string(c_.wm) + ", WN = " + std::to_string(c_.wn) + ", NT = " + std::to_string(c_.threads()) + ";\n";
-    // Grouped raster: consecutive blocks share A row panels (8 tiles tall) so they meet in L2.
-    s += "  int64_t tm, tn;\n  {\n    const int64_t gm = (Mr + BM - 1) / BM, gn = (N + BN - 1) / BN, pid = blockIdx.x;\n";
-    s += "    const int64_t first = pid / (8 * gn) * 8, rows = gm - first < 8 ? gm - first : 8;\n";
-    s += "    tm = first + (pid % (8 * gn)) % rows; tn = (pid % (8 * gn)) / rows;\n  }\n";
-    return s + "  const int64_t m0 = tm * BM, n0 = tn * BN;\n";
+    if (c_.persistent) return s;  // its tile loop places each tile (tile_origin)
+    return s + "  int64_t m0, n0;\n" + tile_origin("blockIdx.x", "  ");
+  }
+  // Sets m0, n0 to the origin of tile number `pid`, in a grouped raster: consecutive tiles
+  // share A row panels (8 tiles tall) so that they meet in L2.
+  static std::string tile_origin(const std::string& pid, const std::string& ind) {
+    std::string s = ind + "{\n" + ind + "  const int64_t gm = (Mr + BM - 1) / BM, gn = (N + BN - 1) / BN, pid = " + pid + ";\n";
+    s += ind + "  const int64_t first = pid / (8 * gn) * 8, rows = gm - first < 8 ? gm - first : 8;\n";
+    s += ind + "  m0 = (first + (pid % (8 * gn)) % rows) * BM; n0 = (pid % (8 * gn)) / rows * BN;\n";
+    return s + ind + "}\n";
   }
   // One output element's store, skipped past M and N (`checked`), or unconditional (a
   // tile inside the output).

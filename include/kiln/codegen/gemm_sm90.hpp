@@ -23,6 +23,11 @@
 //              at a time with one vector load or store per slot (staged_stores).
 // The producer gives its registers up (setmaxnreg) so consumers hold 64 x BN
 // accumulators without spilling.
+// Persistent configs (GemmConfig::persistent): a block per SM (the grid is at most the SM
+// count) walks tiles blockIdx.x, + gridDim.x, ... in the same grouped raster; steps are
+// counted across its tiles, so the producer fills the ring with the next tile's K steps
+// while the consumers still store this one, and no block start or pipeline fill is paid
+// per tile.
 //
 // Shared memory per stage, each box 1024-byte aligned (the swizzle atom):
 //   A K-major: [BM rows][64 k] (one box)          A M-major: BM/64 boxes of [64 k][64 m]
@@ -43,6 +48,7 @@ class WgmmaWriter {
 
   std::string body(const std::string& prelude = "") const {
     auto S = [](int v) { return std::to_string(v); };
+    const bool persistent = c_.persistent;
     std::string s = w_.head(prelude);
     s += "  constexpr int STAGES = " + S(c_.stages) + ", CONSUMERS = BM / WM;\n";
     s += "  constexpr uint32_t A_STAGE = BM * BK * 2, B_STAGE = BN * BK * 2;\n";
@@ -51,25 +57,36 @@ class WgmmaWriter {
     s += "  const uint32_t full0 = sB + STAGES * B_STAGE, empty0 = full0 + STAGES * 8;\n";
     s += "  const int wg = threadIdx.x / 128, lane = threadIdx.x % 32;\n";
     s += "  const int KT = (int)((K + BK - 1) / BK);\n";
+    if (persistent) s += "  const int64_t kiln_tiles = ((Mr + BM - 1) / BM) * ((N + BN - 1) / BN);\n";
     // The batch coordinate of each operand's map (0 where its batch is broadcast: the map has one).
     s += "  const int za = nd == 3 && sa[0] != 0 ? (int)blockIdx.z : 0, zb = nd == 3 && sb[0] != 0 ? (int)blockIdx.z : 0;\n";
     s += "  if (threadIdx.x == 0) {\n";
     s += "    for (int s = 0; s < STAGES; ++s) { kiln_mbar_init(full0 + 8 * s, 1); kiln_mbar_init(empty0 + 8 * s, CONSUMERS * 4); }\n";
     s += "    kiln_mbar_init_fence();\n  }\n  __syncthreads();\n";
-    s += "  if (wg == 0) {\n    kiln_regs_dec<40>();\n    if (threadIdx.x == 0) {\n";
-    s += "      for (int kt = 0; kt < KT; ++kt) {\n        const int s = kt % STAGES, k0 = kt * BK;\n";
-    s += "        if (kt >= STAGES) kiln_mbar_wait(empty0 + 8 * s, (kt / STAGES - 1) & 1);\n";
+    // Steps are counted over the block's tiles (g): step g uses stage g % STAGES, for the
+    // (g / STAGES)-th time, so each barrier's phase parity follows from g alone.
+    // Persistent: the block's tiles blockIdx.x, + gridDim.x, ...; else its one tile.
+    auto tiles_open = [&](const std::string& ind) {
+      if (!persistent) return std::string();
+      return ind + "for (int64_t tile = blockIdx.x; tile < kiln_tiles; tile += gridDim.x) {\n" + ind + "  int64_t m0, n0;\n" +
+             GemmWriter::tile_origin("tile", ind + "  ");
+    };
+    auto tiles_close = [&](const std::string& ind) { return persistent ? ind + "}\n" : std::string(); };
+    s += "  if (wg == 0) {\n    kiln_regs_dec<40>();\n    if (threadIdx.x == 0) {\n      int g = 0;\n" + tiles_open("      ");
+    s += "      for (int kt = 0; kt < KT; ++kt, ++g) {\n        const int s = g % STAGES, k0 = kt * BK;\n";
+    s += "        if (g >= STAGES) kiln_mbar_wait(empty0 + 8 * s, (g / STAGES - 1) & 1);\n";
     s += "        const uint32_t full = full0 + 8 * s, a = sA + s * A_STAGE, b = sB + s * B_STAGE;\n";
     s += "        kiln_mbar_expect_tx(full, A_STAGE + B_STAGE);\n";
     s += o_.a_k_major ? "        kiln_tma_load_3d(a, &tma_a, k0, (int)m0, za, full);\n"
                       : "        for (int c = 0; c < BM / 64; ++c) kiln_tma_load_3d(a + c * 8192, &tma_a, (int)m0 + 64 * c, k0, za, full);\n";
     s += o_.b_k_major ? "        kiln_tma_load_3d(b, &tma_b, k0, (int)n0, zb, full);\n"
                       : "        for (int j = 0; j < BN / 64; ++j) kiln_tma_load_3d(b + j * 8192, &tma_b, (int)n0 + 64 * j, k0, zb, full);\n";
-    s += "      }\n    }\n  } else {\n    kiln_regs_inc<232>();\n";
+    s += "      }\n" + tiles_close("      ") + "    }\n  } else {\n    kiln_regs_inc<232>();\n";
     s += "    const int c = wg - 1, w = (threadIdx.x / 32) % 4;\n";
-    s += "    float d[BN / 2];\n#pragma unroll\n    for (int i = 0; i < BN / 2; ++i) d[i] = 0.f;\n";
-    s += "    for (int kt = 0; kt < KT; ++kt) {\n      const int s = kt % STAGES;\n";
-    s += "      kiln_mbar_wait(full0 + 8 * s, (kt / STAGES) & 1);\n";
+    s += "    float d[BN / 2];\n    int g = 0;\n" + tiles_open("    ");
+    s += "#pragma unroll\n    for (int i = 0; i < BN / 2; ++i) d[i] = 0.f;\n";
+    s += "    for (int kt = 0; kt < KT; ++kt, ++g) {\n      const int s = g % STAGES;\n";
+    s += "      kiln_mbar_wait(full0 + 8 * s, (g / STAGES) & 1);\n";
     s += "      const uint32_t a = sA + s * A_STAGE + c * 8192, b = sB + s * B_STAGE;\n      kiln_wgmma_fence();\n";
     s += "#pragma unroll\n      for (int ks = 0; ks < BK / 16; ++ks) {\n";
     s += std::string("        const unsigned long long da = ") +
@@ -79,7 +96,11 @@ class WgmmaWriter {
     s += mma_instruction("        ");
     s += "      }\n      kiln_wgmma_commit();\n      kiln_wgmma_wait<1>();\n";
     // The previous step's MMAs have finished reading their stage: back to the producer.
-    s += "      if (kt > 0 && lane == 0) kiln_mbar_arrive(empty0 + 8 * ((kt - 1) % STAGES));\n    }\n";
+    s += "      if (kt > 0 && lane == 0) kiln_mbar_arrive(empty0 + 8 * ((g - 1) % STAGES));\n    }\n";
+    // Once all MMAs are done the last step's stage goes back too: the producer is already
+    // loading the next tile while this one is stored.
+    const std::string done = "kiln_wgmma_wait<0>();\n" +
+                             (persistent ? std::string("      if (KT > 0 && lane == 0) kiln_mbar_arrive(empty0 + 8 * ((g - 1) % STAGES));\n") : "");
     // Accumulators: warp w of the warpgroup holds rows 16w .. 16w+15; per 8 columns j, d[4j .. 4j+3]
     // at (lane/4, 2*(lane%4) + 0/1) and eight rows below (mma.sync's C fragment). A tile inside
     // the output stores without a test per element.
@@ -89,13 +110,13 @@ class WgmmaWriter {
       return t + w_.emit_store("      ", "row", "col", "d[j * 4 + q]", checked) + "    }\n";
     };
     if (!group_) {
-      s += "    kiln_wgmma_wait<0>();\n";
+      s += "    " + done;
       s += "    if (m0 + BM <= Mr && n0 + BN <= N) {\n" + stores(false) + "    } else {\n" + stores(true) + "    }\n";
     } else {
       s += "    const bool interior = m0 + BM <= Mr && n0 + BN <= N;\n";
-      s += "    if (interior) {\n" + staged_stores() + "    } else {\n      kiln_wgmma_wait<0>();\n" + stores(true) + "    }\n";
+      s += "    if (interior) {\n" + staged_stores(done) + "    } else {\n      " + done + stores(true) + "    }\n";
     }
-    return s + "  }\n";
+    return s + tiles_close("    ") + "  }\n";
   }
 
  private:
@@ -118,7 +139,7 @@ class WgmmaWriter {
   // columns of one row per group, so that every slot of the epilogue is one vector access
   // per group and a warp's accesses cover whole rows. The epilogue's loads of chunk ch + 1
   // go out before chunk ch is computed (the first chunk's before the last MMAs finish).
-  std::string staged_stores() const {
+  std::string staged_stores(const std::string& done) const {
     auto S = [](int v) { return std::to_string(v); };
     const int chunks = c_.bn / kWgmmaStageCols, groups = 64 * kWgmmaStageCols / (128 * kGemmGroupWidth);
     const std::string P = S(kWgmmaStagePitch);
@@ -130,9 +151,9 @@ class WgmmaWriter {
     std::string s = "      const int t = threadIdx.x % 128;\n";
     s += "      float* stg = (float*)(kiln_smem + (full0 + STAGES * 16 - kiln_smem_addr(kiln_smem))) + c * 64 * " + P + ";\n";
     for (int q = 0; q < groups; ++q) s += g[size_t(q)].loads;
-    s += "      kiln_wgmma_wait<0>();\n";
+    s += "      " + done;
     for (int ch = 0; ch < chunks; ++ch) {
-      if (ch > 0) s += "      kiln_bar_sync(1 + c, 128);  // the previous chunk's reads are done\n";
+      if (ch > 0 || c_.persistent) s += "      kiln_bar_sync(1 + c, 128);  // the previous chunk's reads are done\n";
       for (int jj = 0; jj < kWgmmaStageCols / 8; ++jj) {
         std::string j = S(ch * kWgmmaStageCols / 8 + jj), col = S(jj * 8) + " + (lane % 4) * 2";
         s += "      *(float2*)&stg[(w * 16 + lane / 4) * " + P + " + " + col + "] = make_float2(d[" + j + " * 4], d[" + j + " * 4 + 1]);\n";

@@ -323,9 +323,12 @@ inline codegen::GpuVariant gpu_variant(const ir::Graph& g, const sched::Kernel& 
       v.threads = 256;
       return v;
     }
-    // Long rows, a block each: about four V-chunks per thread; a row that fits stays in registers.
+    // Long rows, a block each: about four V-chunks per thread, eight past 256 threads; a row
+    // that fits stays in registers. NOTE: rows in flight per SM set the bandwidth: on an H200
+    // W2's 8192-float rows with 512 threads of 46 registers left 2 blocks per SM (79.8% of
+    // copy); 256 threads holding 8 chunks each left 4 (92.2%).
     int t = 64;
-    while (t < 1024 && int64_t(t) * 4 < chunks) t *= 2;
+    while (t < 1024 && int64_t(t) * 4 < chunks && !(t >= 256 && int64_t(t) * 8 >= chunks)) t *= 2;
     if (int forced = gpu_block_rows_threads().load(std::memory_order_relaxed); forced > 0) t = forced;
     v.threads = t;
     int64_t p = (chunks + t - 1) / t;
@@ -349,7 +352,8 @@ inline GpuLaunch gpu_launch_shape(const sched::Kernel& k, const KernelArgs& a, c
     int64_t m = a.meta[size_t(2 + nd - 2)], n = a.meta[size_t(2 + nd - 1)];
     const codegen::GemmConfig& c = v.gemm;
     L.block = {unsigned(c.threads()), 1, 1};
-    L.grid = {unsigned(((m + c.bm - 1) / c.bm) * ((n + c.bn - 1) / c.bn)), 1, unsigned(batch)};
+    int64_t tiles = ((m + c.bm - 1) / c.bm) * ((n + c.bn - 1) / c.bn);
+    L.grid = {unsigned(c.persistent ? std::min<int64_t>(tiles, sm_count) : tiles), 1, unsigned(batch)};
     L.shared_bytes = unsigned(codegen::gemm_shared_bytes(c, v.gemm_ops));
     return L;
   }
@@ -438,8 +442,8 @@ inline Hash128 variant_key(const std::vector<codegen::GpuVariant>& vars) {
   for (const codegen::GpuVariant& v : vars) {
     if (!v.strides.empty()) vh.add(v.strides.data(), v.strides.size());
     const codegen::GemmConfig& gc = v.gemm;
-    int32_t w[17] = {v.vec, v.group, v.persist, v.split, v.threads, int(gc.kind), gc.bm, gc.bn, gc.bk, gc.wm, gc.wn, gc.stages,
-                     v.gemm_ops.a_k_major, v.gemm_ops.b_k_major, v.cols, v.epilogue_vec, v.vec_rows};
+    int32_t w[18] = {v.vec, v.group, v.persist, v.split, v.threads, int(gc.kind), gc.bm, gc.bn, gc.bk, gc.wm, gc.wn, gc.stages,
+                     gc.persistent, v.gemm_ops.a_k_major, v.gemm_ops.b_k_major, v.cols, v.epilogue_vec, v.vec_rows};
     vh.add(w, sizeof w);
   }
   return vh.digest();
@@ -531,14 +535,29 @@ class GpuBackend final : public Backend {
       last.inputs.swap(last.inputs_now);
       last.reusable = reusable;
     }
-    const std::vector<Function>& fns = *last.fns;
-    std::vector<uint64_t>& block = last.block;
+    launch_kernels(g, cp, call, *last.fns, last.by_library, last.block, dev);
+  }
+
+  // The program of a plan variant for a device of `warp` lanes per warp: what
+  // run() compiles (the kernels are kiln_k0, kiln_k1, ...).
+  static std::string source(const ir::Graph& g, const sched::Plan& p, const std::vector<codegen::GpuVariant>& vars,
+                            int warp) {
+    return codegen::gpu_source(Api::dialect, warp, g, p, vars);
+  }
+
+ private:
+  // Launches the plan's kernels in order: each GEMM kernel the tuner gave to the vendor
+  // library through it, the others as `fns` (the call's variants), on the device's stream.
+  void launch_kernels(const ir::Graph& g, const CompiledPlan& cp, const GpuCall& call, const std::vector<Function>& fns,
+                      const std::vector<uint8_t>& by_library, std::vector<uint64_t>& block, Device& dev) {
+    const auto& props = dev.properties();
+    const auto& kernels = cp.plan.kernels;
     const bool profile = profiling();
     for (size_t k = 0; k < kernels.size(); ++k) {
       if (call.args[k].work == 0) continue;
       std::optional<typename Api::Timer> timer;  // KILN_PROFILE: the launch between two events
       if (profile) timer.emplace(dev.ordinal()), timer->start(dev.stream());
-      if (last.by_library[k] && Api::library_gemm(g, kernels[k], cp.layouts[k], call.args[k], dev)) {
+      if (by_library[k] && Api::library_gemm(g, kernels[k], cp.layouts[k], call.args[k], dev)) {
         kiln::detail::counters_state().kernels_launched.fetch_add(1, std::memory_order_relaxed);
         if (timer) timer->stop(dev.stream()), detail::profile_record(profile_label(g, cp.mode, k, kernels[k]) + " vendor GEMM", timer->elapsed_ms());
         continue;
@@ -558,14 +577,6 @@ class GpuBackend final : public Backend {
     }
   }
 
-  // The program of a plan variant for a device of `warp` lanes per warp: what
-  // run() compiles (the kernels are kiln_k0, kiln_k1, ...).
-  static std::string source(const ir::Graph& g, const sched::Plan& p, const std::vector<codegen::GpuVariant>& vars,
-                            int warp) {
-    return codegen::gpu_source(Api::dialect, warp, g, p, vars);
-  }
-
- private:
   // What a thread keeps of its last call of a plan on a device: the bound arguments (their
   // memory reused by the next call), what the variant choice read of them, the variants,
   // their key and loaded kernels, and the argument block's memory. NOTE: per thread, so
@@ -676,6 +687,14 @@ class GpuBackend final : public Backend {
       for (const codegen::GpuProgramPart& part : t.programs) ahead.push_back({part.source, part.options});
     }
     if (ahead.size() > 1) Api::compile_ahead(ahead, dev);
+    // Before timing, the plan runs once as the heuristic chose (a plan writes only fresh
+    // outputs), so that each GEMM is timed on the values this call gives it. NOTE: operands
+    // not yet written (zeros) draw less power: on an H200, cuBLASLt timed 1351 us on them
+    // against 1555 us in the W4 step, and max-autotune chose it over a faster kernel.
+    if (!ahead.empty()) {
+      std::vector<uint64_t> block;
+      launch_kernels(g, cp, call, functions(g, cp, call.key, call.vars, dev), std::vector<uint8_t>(kernels.size(), 0), block, dev);
+    }
     for (Tuned& t : tuned) {
       const size_t k = t.k;
       const std::vector<codegen::GemmConfig>& configs = t.configs;
