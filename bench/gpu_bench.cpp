@@ -9,7 +9,8 @@
 // them beside torch_anchor.py's results); --sweep also times the rows workloads at
 // each block size of block-per-row kernels.
 // KILN_BENCH_ONLY=gemm, w4 or rows runs that part alone (rows: the copy ceiling, W1, W2,
-// W3, W8 and split rows, and the sweeps); KILN_BENCH_ROW=W2 (W1, W3, W8, split) one row.
+// W3, W8, split rows, the W4 loss's rows over 2 dims, and the sweeps); KILN_BENCH_ROW=W2
+// (W1, W3, W8, split, "2 dims") one row.
 // KILN_BENCH_GEMM_SWEEP=1 also times bf16 8192^3 and the W4 step with each GEMM config forced.
 #include <kiln/kiln.hpp>
 
@@ -321,7 +322,8 @@ int main(int argc, char** argv) {
   if (all || std::string(only) == "gemm") gemm_benches();
   // KILN_BENCH_ONLY=w4: the W4 training step alone.
   std::string w4_only = !all && std::string(only) == "w4" ? w4_step_bench() : "";
-  // KILN_BENCH_ONLY=rows: the copy ceiling and the memory-bound rows (W1, W2, W3, W8, split rows; --sweep too).
+  // KILN_BENCH_ONLY=rows: the copy ceiling and the memory-bound rows (W1, W2, W3, W8, split rows, the W4
+  // loss's rows over 2 dims; --sweep too).
   bool rows_only = !all && std::string(only) == "rows";
   if (!all && !rows_only) {
     if (jsonl) {
@@ -424,6 +426,23 @@ int main(int argc, char** argv) {
     report({"sum f32 [4, 2^24] split", time_ms([&] { Tensor<f32, 1> o = sum(x, -1); }),
             time_ms([&] { auto o = eval_eager(sum(x, -1)); }), double(R) * C * 4 + R * 4.0, max_rel(ss, rs),
             kernel_count(Mode::fused, sum(x, -1))});
+  }
+  if (const char* name = "sum((y+b)^2) bf16 [8192,4096] (2 dims)"; wanted(name)) {
+    // The W4 loss's kernel: a sum over two dims that the bias b, broadcast over the rows, keeps
+    // apart (16-byte chunks within rows, split across blocks).
+    int64_t R = 8192, C = 4096;
+    Tensor<bf16, 2> y = cast<bf16>(randn<f32>(Shape<2>{R, C}, 18));
+    Tensor<bf16, 1> b = cast<bf16>(randn<f32>(Shape<1>{C}, 19));
+    auto f = [&] {
+      auto e = cast<f32>(y + b);
+      return sum(e * e);
+    };
+    Tensor<f32, 0> s = f();
+    auto yv = y.to_vector(), bv = b.to_vector();
+    double ref = 0;
+    for (size_t i = 0; i < yv.size(); ++i) ref += (yv[i] + bv[i % size_t(C)]) * (yv[i] + bv[i % size_t(C)]);
+    report({name, time_ms([&] { Tensor<f32, 0> o = f(); }), time_ms([&] { auto o = eval_eager(f()); }), double(R) * C * 2 + C * 2.0 + 4,
+            max_rel(s.to_vector(), {ref}), kernel_count(Mode::fused, f())});
   }
   if (sweep) {  // block size of block-per-row kernels: kiln's choice against each fixed size
     int64_t C2 = 8192, C3 = 4096;

@@ -154,6 +154,146 @@ void check_bias_pointwise(Device d, int64_t rows, int64_t n, Layout l) {
   check_close(got, want, tol<DT>().scaled(2), "(x + b) * s");
 }
 
+// ---- rows over several dims that a bias keeps apart: (x + b)^2, b [n] along the innermost dim ----
+// x in one of these views of a base tensor: the base itself; its last two dims swapped (x
+// walks its rows with a stride); columns 1 .. n of a base of n + 1 (the start off 16 bytes);
+// columns 0 .. n of a base of n + 1 (the start aligned, the rows off 16 bytes); all but the
+// last index of dim R - 2 (aligned, but dims R - 3 and R - 2 no longer merge into one).
+enum class BiasView : uint8_t { contiguous, transposed, unaligned, padded, gapped };
+inline const char* name(BiasView v) {
+  static const char* n[] = {"contiguous", "transposed", "unaligned", "padded", "gapped"};
+  return n[int(v)];
+}
+template <int R>
+Shape<R> bias_base_shape(Shape<R> s, BiasView v) {
+  if (v == BiasView::transposed) std::swap(s[R - 2], s[R - 1]);
+  if (v == BiasView::unaligned || v == BiasView::padded) s[R - 1] += 1;
+  if (v == BiasView::gapped) s[R - 2] += 1;
+  return s;
+}
+template <class DT, int R>
+Tensor<DT, R> bias_view(const Tensor<DT, R>& base, BiasView v) {
+  int64_t w = base.sizes()[R - 1];
+  if (v == BiasView::transposed) return base.transpose(R - 2, R - 1);
+  if (v == BiasView::unaligned) return base.slice(R - 1, 1, w);
+  if (v == BiasView::padded) return base.slice(R - 1, 0, w - 1);
+  if (v == BiasView::gapped) return base.slice(R - 2, 0, base.sizes()[R - 2] - 1);
+  return base;
+}
+inline Array bias_view(const Array& base, BiasView v) {
+  int r = base.rank();
+  int64_t w = base.shape.back();
+  if (v == BiasView::transposed) return ref::transpose(base, r - 2, r - 1);
+  if (v == BiasView::unaligned) return ref::slice(base, r - 1, 1, w);
+  if (v == BiasView::padded) return ref::slice(base, r - 1, 0, w - 1);
+  if (v == BiasView::gapped) return ref::slice(base, r - 2, 0, base.shape[size_t(r - 2)] - 1);
+  return base;
+}
+// Dims F .. R - 1 (F = 0: all of them).
+template <int R, int F>
+std::array<int, R - F> trailing_axes() {
+  std::array<int, R - F> a{};
+  for (int i = 0; i < R - F; ++i) a[size_t(i)] = F + i;
+  return a;
+}
+// The two rows kernels of x and b: the sum of e = (x + b) * (x + b) over dims F .. R - 1 (a
+// one-pass reduction: split where the rows are few and long), and e / (mean(e) + 1) over
+// them (a reduction pass and a pass storing a full-size output).
+template <int F, class X, class B>
+auto bias_rows_sum(const X& x, const B& b) {
+  constexpr int R = kiln::rank_of<X>;
+  return sum((x + b) * (x + b), trailing_axes<R, F>());
+}
+template <int F, class X, class B>
+auto bias_rows_normalized(const X& x, const B& b) {
+  constexpr int R = kiln::rank_of<X>;
+  auto e = (x + b) * (x + b);
+  return e / (kiln::mean(e, trailing_axes<R, F>(), keepdim) + 1.0f);
+}
+// Every shape and view of the checks below, with the chunk width V it gets on an H200
+// (warp 32, 132 multiprocessors; 0: the scalar loop) in a dtype of V = `vec` per 16 bytes.
+template <class F>
+void for_each_bias_rows_case(int vec, F&& f) {
+  using Zero = std::integral_constant<int, 0>;
+  using One = std::integral_constant<int, 1>;
+  f(Zero{}, Shape<2>{333, 4096 + 8}, BiasView::contiguous, vec);  // both dims, one long row: split
+  f(Zero{}, Shape<2>{7, 8}, BiasView::contiguous, vec);           // one chunk per row: a lane group
+  f(One{}, Shape<3>{3, 17, 4096 + 8}, BiasView::contiguous, vec); // trailing dims, odd outer size: split
+  f(One{}, Shape<3>{101, 5, 8}, BiasView::contiguous, vec);       // short rows: lane groups
+  f(One{}, Shape<3>{600, 3, 1024}, BiasView::contiguous, vec);    // many long rows: a block per row
+  f(One{}, Shape<4>{3, 4, 5, 64}, BiasView::gapped, vec);         // three reduced dims (a chunk's offsets by division)
+  f(One{}, Shape<3>{5, 7, 62}, BiasView::contiguous, 0);          // 62: no whole number of chunks
+  f(Zero{}, Shape<2>{33, 64}, BiasView::transposed, 0);           // x strided along the innermost dim
+  f(Zero{}, Shape<2>{9, 64}, BiasView::unaligned, 0);             // x's start off 16 bytes
+  f(One{}, Shape<3>{4, 9, 64}, BiasView::padded, 0);              // x's rows off 16 bytes
+}
+
+// Against float64 on device d: both kernels of each case, one kernel each, the sum twice
+// (bit for bit the same: split rows combine in a fixed order).
+template <class DT>
+void check_bias_rows(Device d) {
+  for_each_bias_rows_case(int(16 / sizeof(typename DT::storage)), [&](auto first, auto shape, BiasView view, int) {
+    constexpr int F = decltype(first)::value, R = int(std::tuple_size_v<decltype(shape)>);
+    KILN_TEST_RNG(rng);
+    auto in = input<DT, R>(rng, bias_base_shape<R>(shape, view));
+    auto bi = input<DT, 1>(rng, Shape<1>{shape[R - 1]});
+    Tensor<DT, R> x = bias_view(on(d, in.t), view);
+    Tensor<DT, 1> b = on(d, bi.t);
+    std::string what = std::string(dtype_name<DT>()) + " " + str(dims(shape)) + " " + name(view) + " over dims " +
+                       std::to_string(F) + ".. on " + d.str();
+    CAPTURE(what);
+    Array e = ref::zip(bias_view(in.a, view), bi.a, [](double p, double q) { return (p + q) * (p + q); });
+    std::vector<int> axes;
+    for (int i = F; i < R; ++i) axes.push_back(i);
+    Array s = ref::sum(e, axes), scale = ref::abs_sum(e, axes), m = ref::sum(e, axes, true);
+    double per_row = double(e.numel()) / double(m.numel());
+    Array z = ref::zip(e, m, [&](double p, double q) { return p / (q / per_row + 1); });
+    auto c0 = counters();
+    Tensor<DT, F> s1 = bias_rows_sum<F>(x, b);
+    auto c1 = counters();
+    Tensor<DT, R> z1 = bias_rows_normalized<F>(x, b);
+    auto c2 = counters();
+    Tensor<DT, F> s2 = bias_rows_sum<F>(x, b);
+    CHECK(c1.kernels_launched - c0.kernels_launched == 1);
+    CHECK(c2.kernels_launched - c1.kernels_launched == 1);
+    check_close(s1, s, tol<DT>().scaled(2), "sum((x + b)^2) " + what, &scale);
+    check_close(z1, z, tol<DT>().scaled(4), "(x + b)^2 / (mean + 1) " + what);
+    CHECK(read(s2).v == read(s1).v);
+  });
+}
+
+// The programs of each case on a device of `warp` lanes and 132 multiprocessors, their
+// variants checked where the warp is 32: 16-byte chunks within rows (vec_rows) where
+// expected, never kept in registers (a row is not one innermost dim), else the scalar loop.
+// Gives the programs with chunks within rows.
+template <class Backend, class DT>
+std::vector<std::string> bias_rows_programs(int warp) {
+  std::vector<std::string> out;
+  for_each_bias_rows_case(int(16 / sizeof(typename DT::storage)), [&](auto first, auto shape, BiasView view, int vec) {
+    constexpr int F = decltype(first)::value, R = int(std::tuple_size_v<decltype(shape)>);
+    CAPTURE(std::string(dtype_name<DT>()) + " " + str(dims(shape)) + " " + name(view));
+    Tensor<DT, R> x = bias_view(Tensor<DT, R>::empty(bias_base_shape<R>(shape, view), cpu()), view);
+    auto b = Tensor<DT, 1>::empty(Shape<1>{shape[R - 1]}, cpu());
+    for (bool normalized : {false, true}) {
+      GpuProgram p = normalized ? gpu_program<Backend>(warp, 90, 132, bias_rows_normalized<F>(x, b))
+                                : gpu_program<Backend>(warp, 90, 132, bias_rows_sum<F>(x, b));
+      REQUIRE(p.vars.size() == 1);
+      CHECK(p.kinds[0] == sched::KernelKind::rows);
+      const codegen::GpuVariant& v = p.vars[0];
+      CHECK(!v.cols);
+      CHECK(v.persist == 0);
+      if (warp == 32) {
+        CHECK(v.vec == vec);
+        CHECK(v.vec_rows == (vec > 0));
+      }
+      if (!v.vec_rows) continue;  // the scalar loop: compiled by the other cases
+      CHECK(p.src.find("dq = inner ? step / inner : 0") != std::string::npos);
+      out.push_back(p.src);
+    }
+  });
+  return out;
+}
+
 void check_strategies(Device d) {
   check_bias_pointwise<bf16>(d, 33, 64, Layout::contiguous);  // chunks of 8 within rows
   check_bias_pointwise<f32>(d, 7, 60, Layout::contiguous);    // chunks of 4
@@ -177,6 +317,9 @@ void check_strategies(Device d) {
   // plans' compiles would cost CI tens of seconds.
   check_column_forms<f32>(d);
   if (d.kind == DeviceKind::cpu) return;
+  // NOTE: only on a GPU: on the CPU they test no 16-byte chunks within rows.
+  check_bias_rows<f32>(d);
+  check_bias_rows<bf16>(d);
   check_column_forms<bf16>(d);
   check_column_forms<f16>(d);
   check_columns<f64>(d, 600, 512);
@@ -337,6 +480,11 @@ TEST_CASE("column rows: the form each shape, dtype and view gets (host side, no 
   column_programs<runtime::CudaBackend>(32);
 }
 
+TEST_CASE("rows over several dims a bias keeps apart: 16-byte chunks within rows where every slot allows (host side, no GPU)") {
+  bias_rows_programs<runtime::CudaBackend, bf16>(32);
+  bias_rows_programs<runtime::CudaBackend, f32>(32);
+}
+
 TEST_CASE("rows strategies: split rows, rows per lane group, per warp, per block, against float64") {
   check_strategies(default_device());
 }
@@ -348,8 +496,10 @@ TEST_CASE("rows strategies and column rows: each shape's variant, and the progra
     MESSAGE("NVRTC not found: skipped");
     return;
   }
-  std::vector<std::string> programs = strategy_programs<runtime::CudaBackend>(32), columns = column_programs<runtime::CudaBackend>(32);
+  std::vector<std::string> programs = strategy_programs<runtime::CudaBackend>(32), columns = column_programs<runtime::CudaBackend>(32),
+                           bias = bias_rows_programs<runtime::CudaBackend, bf16>(32);
   programs.insert(programs.end(), columns.begin(), columns.end());
+  programs.insert(programs.end(), bias.begin(), bias.end());
   for (const std::string& src : programs) {
     for (int cc : {80, 90}) CHECK(jit::cubin_sm(jit::nvrtc_compile(src, "kiln_plan", cc / 10, cc % 10)) == cc);
   }
@@ -368,8 +518,10 @@ TEST_CASE("rows strategies: the programs compile for gfx90a (wave64) and gfx1030
     CAPTURE(arch);
     REQUIRE(jit::hiprtc_target_supported(arch));
     int warp = runtime::hip_target_warp_size(arch);
-    std::vector<std::string> programs = strategy_programs<runtime::HipBackend>(warp), columns = column_programs<runtime::HipBackend>(warp);
+    std::vector<std::string> programs = strategy_programs<runtime::HipBackend>(warp), columns = column_programs<runtime::HipBackend>(warp),
+                             bias = bias_rows_programs<runtime::HipBackend, bf16>(warp);
     programs.insert(programs.end(), columns.begin(), columns.end());
+    programs.insert(programs.end(), bias.begin(), bias.end());
     for (const std::string& src : programs) CHECK(jit::detail::is_amdgpu_code_object(jit::hiprtc_compile(src, "kiln_plan", arch, {})));
   }
 }

@@ -14,7 +14,8 @@
 //   vec      V > 0: every slot is contiguous or broadcast along a single
 //            innermost dim and 16-byte aligned: V elements per 16-byte access
 //            (rows: each pass loads only the slots it reads, and a loop over a
-//            row issues a batch of loads before it uses any);
+//            row issues a batch of loads before it uses any); vec_rows: several
+//            such dims, V-chunks within rows of the innermost one;
 //   group    rows kernels: lanes per row, a power of two up to the warp (short
 //            rows: a warp per row, or several rows per warp); 0: a block per row;
 //   persist  block rows whose row fits: each thread loads its P chunks once,
@@ -59,8 +60,9 @@ struct GpuVariant {
   // slot one vector load or store; `strides` then holds each epilogue slot's column stride
   // (zero: broadcast along the row, or unit).
   bool epilogue_vec = false;
-  // pointwise with vec over several dims: V-chunks within rows of the innermost dim (its
-  // size a multiple of V), each row's offsets by division as in the scalar loop
+  // vec over several dims (pointwise; rows: the reduced ones): V-chunks within rows of the
+  // innermost dim (its size a multiple of V); pointwise: each chunk's row offsets by division
+  // as in the scalar loop; rows: by a cursor moved without one (chunked_rows_loop)
   bool vec_rows = false;
 };
 
@@ -270,6 +272,49 @@ class GpuKernelWriter {
     }
   }
 
+  // Rows whose reduced extent is several dims (vec_rows): the V-chunks c = lo + lane * V,
+  // c + step, ... of the flattened extent, each within one row of the innermost dim (whose
+  // size is whole chunks; lo and hi are chunk bounds), so no scalar tail. A cursor (ir, jc):
+  // the chunk's row of the outer reduced dims and its start within that row, moved by step
+  // without a division; each chunk's offsets over the outer reduced dims (no division for
+  // one such dim). Batches of U chunks, every 16-byte load of a batch issued before any is
+  // used, as in the single-dim loop; the rest one chunk at a time.
+  std::string chunked_rows_loop(const std::function<std::string()>& vec_body) {
+    const std::string V = std::to_string(v_.vec);
+    std::string t = "    const int64_t step = (int64_t)gsize * " + V + ", dq = inner ? step / inner : 0, dr = step - dq * inner;\n";
+    t += "    int64_t c0 = lo + (int64_t)lane * " + V + ", ir = inner ? c0 / inner : 0, jc = c0 - ir * inner;\n";
+    const std::string advance = "jc += dr, ir += dq; if (jc >= inner) jc -= inner, ++ir;\n";
+    batched_ = true;
+    std::string batch = vec_body();
+    batched_ = false;
+    int nread = int(std::count(used_.begin(), used_.end(), uint8_t(1))), U = nread ? std::max(1, 4 / nread) : 1;
+    if (U > 1) {
+      const std::string Us = std::to_string(U);
+      t += "    for (; c0 + " + std::to_string(U - 1) + " * step < hi; c0 += " + Us + " * step) {\n";
+      t += "      int64_t kj[" + Us + "];\n";
+      for (size_t i = 0; i < l_.slots.size(); ++i) t += "      int64_t kf" + std::to_string(i) + "[" + Us + "];\n";
+      t += "#pragma unroll\n      for (int k = 0; k < " + Us + "; ++k) {\n";
+      t += offsets("ir", "no", "nd - 1", "i", "        ") + "        kj[k] = jc;\n";
+      for (size_t i = 0; i < l_.slots.size(); ++i) {
+        std::string si = std::to_string(i);
+        t += "        kf" + si + "[k] = o" + si + " + i" + si + ";\n";
+      }
+      t += "        " + advance + "      }\n";
+      for (size_t i = 0; i < l_.slots.size(); ++i) {
+        if (!used_[i]) continue;
+        std::string si = std::to_string(i);
+        t += "      alignas(16) " + stype(int(i)) + " L" + si + "[" + Us + "][" + V + "];\n";
+        t += "#pragma unroll\n      for (int k = 0; k < " + Us + "; ++k) kiln_load_vec<" + V + ">(L" + si + "[k], b" + si + " + kf" + si +
+             "[k] + kj[k]);\n";
+      }
+      t += "#pragma unroll\n      for (int k = 0; k < " + Us + "; ++k) {\n        const int64_t j = kj[k];\n" + bases("        ", "kf#[k]") + batch +
+           "      }\n    }\n";
+    }
+    t += "    for (; c0 < hi; c0 += step) {\n      const int64_t j = jc;\n" + offsets("ir", "no", "nd - 1", "i", "      ");
+    t += bases("      ", "o# + i#") + vec_body() + "      " + advance + "    }\n";
+    return t;
+  }
+
   std::string rows() {
     if (v_.cols) return cols();
     find_kept();
@@ -317,6 +362,8 @@ class GpuKernelWriter {
         t += "#pragma unroll\n    for (int k = 0; k < " + std::to_string(v_.persist) + "; ++k) {\n";
         t += "      const int64_t j = ((int64_t)lane + (int64_t)k * gsize) * " + V + ";\n";
         t += "      if (j < inner) {\n" + vec_body() + "      }\n    }\n";
+      } else if (v_.vec && v_.vec_rows) {
+        t += chunked_rows_loop(vec_body);
       } else if (v_.vec) {  // single inner dim (hi == inner), contiguous, aligned: V-wide steps, scalar tail
         t += bases("    ", "o#");
         t += "    const int64_t step = (int64_t)gsize * " + V + ";\n    int64_t j0 = lo + (int64_t)lane * " + V + ";\n";

@@ -244,8 +244,8 @@ inline bool vector_epilogue(const ir::Graph& g, const codegen::Layout& l, const 
   return true;
 }
 
-// A pointwise kernel over several dims (a bias broadcast over rows keeps them apart):
-// V-chunks along the innermost dim, V elements of the narrowest contiguous slot in 16
+// A pointwise kernel over several dims, or a rows kernel reducing several (a bias broadcast
+// over rows keeps them apart): V-chunks along the innermost dim, V elements of the narrowest contiguous slot in 16
 // bytes, where every slot walks that dim contiguously or not at all, its size is a
 // multiple of V and each contiguous slot's rows start 16-byte aligned. 0: it cannot.
 inline int pointwise_rows_vec(const ir::Graph& g, const codegen::Layout& l, const KernelArgs& a) {
@@ -301,7 +301,11 @@ inline codegen::GpuVariant gpu_variant(const ir::Graph& g, const sched::Kernel& 
         if ((a.meta[size_t(2 + nd) + i * size_t(nd) + size_t(d)] * int64_t(es)) % 16) flat = false;
   }
   if (flat && any_unit) v.vec = int(16 / min_bytes);
-  if (!flat && k.kind == sched::KernelKind::pointwise) v.vec = pointwise_rows_vec(g, l, a), v.vec_rows = v.vec > 0;
+  // Several dims that do not merge (a bias broadcast over rows keeps them apart): 16-byte
+  // chunks within rows of the innermost dim where every slot allows them; pointwise kernels
+  // over all dims, rows kernels over the reduced ones (more than one).
+  if (!flat && (k.kind == sched::KernelKind::pointwise || (k.kind == sched::KernelKind::rows && inner_dims > 1)))
+    v.vec = pointwise_rows_vec(g, l, a), v.vec_rows = v.vec > 0;
   if (k.kind == sched::KernelKind::rows) {
     auto [outer, per_row] = rows_extent(a);
     if (column_rows(k, l, a, warp)) {
@@ -332,7 +336,7 @@ inline codegen::GpuVariant gpu_variant(const ir::Graph& g, const sched::Kernel& 
     if (int forced = gpu_block_rows_threads().load(std::memory_order_relaxed); forced > 0) t = forced;
     v.threads = t;
     int64_t p = (chunks + t - 1) / t;
-    if (v.vec && per_row % v.vec == 0 && p <= 8) v.persist = int(p);
+    if (v.vec && !v.vec_rows && per_row % v.vec == 0 && p <= 8) v.persist = int(p);  // registers of one innermost dim
     // Few long rows of a one-pass reduction: several blocks per row.
     if (one_pass_rows(k) && gpu_split_count(outer, per_row, 256, v.vec, sm_count) > 1) {
       v.split = true, v.persist = 0, v.threads = 256;
@@ -424,7 +428,7 @@ inline std::string variant_text(const sched::Kernel& k, const codegen::GpuVarian
   if (k.kind == sched::KernelKind::matmul) return v.gemm.str() + (v.epilogue_vec ? " vector epilogue" : "");
   std::string s = v.cols ? "cols" : v.split ? "split" : v.group ? "group " + std::to_string(v.group) : "";
   if (v.persist) s += " persist " + std::to_string(v.persist);
-  if (v.vec) s += " vec " + std::to_string(v.vec);
+  if (v.vec) s += " vec " + std::to_string(v.vec) + (v.vec_rows ? " in rows" : "");
   return s + " threads " + std::to_string(v.threads);
 }
 
