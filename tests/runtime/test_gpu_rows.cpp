@@ -483,6 +483,17 @@ TEST_CASE("column rows: the form each shape, dtype and view gets (host side, no 
 TEST_CASE("rows over several dims a bias keeps apart: 16-byte chunks within rows where every slot allows (host side, no GPU)") {
   bias_rows_programs<runtime::CudaBackend, bf16>(32);
   bias_rows_programs<runtime::CudaBackend, f32>(32);
+  // The W4 loss (bench/w4.hpp): mean((y + b)^2) in f32 of bf16 y [8192, 4096], b [4096]; its
+  // rows kernel (then the scale by 1 / n, a pointwise kernel of one element).
+  auto y = Tensor<bf16, 2>::empty(Shape<2>{8192, 4096}, cpu());
+  auto b = Tensor<bf16, 1>::empty(Shape<1>{4096}, cpu());
+  auto e = cast<f32>(y + b);
+  GpuProgram p = gpu_program<runtime::CudaBackend>(32, 90, 132, kiln::mean(e * e));
+  REQUIRE(!p.vars.empty());
+  CHECK(p.kinds[0] == sched::KernelKind::rows);
+  CHECK(p.vars[0].split);
+  CHECK(p.vars[0].vec == 8);
+  CHECK(p.vars[0].vec_rows);
 }
 
 TEST_CASE("rows strategies: split rows, rows per lane group, per warp, per block, against float64") {
