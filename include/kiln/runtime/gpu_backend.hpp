@@ -245,9 +245,10 @@ inline bool vector_epilogue(const ir::Graph& g, const codegen::Layout& l, const 
 }
 
 // A pointwise kernel over several dims, or a rows kernel reducing several (a bias broadcast
-// over rows keeps them apart): V-chunks along the innermost dim, V elements of the narrowest contiguous slot in 16
-// bytes, where every slot walks that dim contiguously or not at all, its size is a
-// multiple of V and each contiguous slot's rows start 16-byte aligned. 0: it cannot.
+// over rows keeps them apart): V-chunks along the innermost dim, V elements of the
+// narrowest contiguous slot in 16 bytes, where every slot walks that dim contiguously or
+// not at all, its size is a multiple of V and each contiguous slot's rows start 16-byte
+// aligned. 0: it cannot.
 inline int pointwise_rows_vec(const ir::Graph& g, const codegen::Layout& l, const KernelArgs& a) {
   int nd = int(a.meta[0]);
   if (nd < 2) return 0;
