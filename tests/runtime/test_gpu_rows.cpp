@@ -389,6 +389,7 @@ std::vector<std::string> strategy_programs(int warp) {
     auto [src, v] = program(layer_norm(xb, w, b, 1e-5));  // in registers, with weight and bias
     CHECK(v[0].persist > 0);
     CHECK(v[0].threads == 128);  // W3's rows: 512 16-byte chunks, four per thread
+    CHECK(src.find("kiln_bf16_at(L") != std::string::npos);  // bf16 from 32-bit words: a shift or a mask each
     // x loaded once into registers, weight and bias only where the store pass reads them
     size_t loads = 0;
     for (size_t p = src.find("kiln_load_vec<"); p != std::string::npos; p = src.find("kiln_load_vec<", p + 1)) ++loads;

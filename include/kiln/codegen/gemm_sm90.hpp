@@ -137,8 +137,10 @@ class WgmmaWriter {
   // An interior tile's stores, 32 columns at a time: each thread writes its fragments of
   // them to its warpgroup's staging area (shared memory), then reads back 4 consecutive
   // columns of one row per group, so that every slot of the epilogue is one vector access
-  // per group and a warp's accesses cover whole rows. The epilogue's loads of chunk ch + 1
-  // go out before chunk ch is computed (the first chunk's before the last MMAs finish).
+  // per group and a warp's accesses cover whole rows. The epilogue's loads run `ahead`
+  // chunks before their use (the first ones before the last MMAs finish): up to three
+  // chunks, about 24 more registers, since a chunk's compute is short next to a load from
+  // memory (W4's `dy @ W2.t() * gelu'(pre)` reads pre).
   std::string staged_stores(const std::string& done) const {
     auto S = [](int v) { return std::to_string(v); };
     const int chunks = c_.bn / kWgmmaStageCols, groups = 64 * kWgmmaStageCols / (128 * kGemmGroupWidth);
@@ -150,7 +152,10 @@ class WgmmaWriter {
                            "c" + S(ch) + "g" + S(q)));
     std::string s = "      const int t = threadIdx.x % 128;\n";
     s += "      float* stg = (float*)(kiln_smem + (full0 + STAGES * 16 - kiln_smem_addr(kiln_smem))) + c * 64 * " + P + ";\n";
-    for (int q = 0; q < groups; ++q) s += g[size_t(q)].loads;
+    const int chunk_regs = groups * g[0].load_bytes / 4;
+    const int ahead = std::clamp(chunk_regs ? 24 / chunk_regs : 3, 1, std::min(3, chunks));
+    for (int ch = 0; ch < ahead; ++ch)
+      for (int q = 0; q < groups; ++q) s += g[size_t(ch * groups + q)].loads;
     s += "      " + done;
     for (int ch = 0; ch < chunks; ++ch) {
       if (ch > 0 || c_.persistent) s += "      kiln_bar_sync(1 + c, 128);  // the previous chunk's reads are done\n";
@@ -160,8 +165,8 @@ class WgmmaWriter {
         s += "      *(float2*)&stg[(w * 16 + lane / 4 + 8) * " + P + " + " + col + "] = make_float2(d[" + j + " * 4 + 2], d[" + j + " * 4 + 3]);\n";
       }
       s += "      kiln_bar_sync(1 + c, 128);\n";
-      if (ch + 1 < chunks)
-        for (int q = 0; q < groups; ++q) s += g[size_t((ch + 1) * groups + q)].loads;
+      if (ch + ahead < chunks)
+        for (int q = 0; q < groups; ++q) s += g[size_t((ch + ahead) * groups + q)].loads;
       for (int q = 0; q < groups; ++q) {
         s += "      {\n        const float4 f4 = *(const float4*)&stg[(" + S(q * 16) + " + t / 8) * " + P + " + (t % 8) * 4];\n";
         s += "        const float f[4] = {f4.x, f4.y, f4.z, f4.w};\n" + g[size_t(ch * groups + q)].body + "      }\n";

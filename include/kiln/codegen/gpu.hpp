@@ -165,7 +165,7 @@ class GpuKernelWriter {
     std::string si = std::to_string(i);
     if (v_.strides[size_t(i)] == Stride::zero) return to_compute(slot_dtype(i), "q" + si + "[0]");
     used_[size_t(i)] = 1;
-    return to_compute(slot_dtype(i), "L" + si + (kept(i) || batched_ ? "[k][u]" : "[u]"));
+    return vec_element(slot_dtype(i), "L" + si + (kept(i) || batched_ ? "[k]" : ""), "u");
   }
   // The 16-byte loads of the V-chunk at j for the slots the statements just generated read
   // (none where the chunk is already in registers: kept rows, batched chunks).
@@ -487,7 +487,8 @@ class GpuKernelWriter {
       const std::string ind = "          ";
       auto ld = [&](int i) {
         used[size_t(i)] = 1;
-        return to_compute(slot_dtype(i), "L" + std::to_string(i) + "[k][u]");
+        std::string li = "L" + std::to_string(i) + "[k]";
+        return V > 1 ? vec_element(slot_dtype(i), li, "u") : to_compute(slot_dtype(i), li + "[u]");
       };
       auto ix = [&](int i) {
         std::string si = std::to_string(i);

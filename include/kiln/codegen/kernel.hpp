@@ -149,6 +149,12 @@ inline std::string to_compute(DType d, const std::string& e) {
   if (d == DType::f16) return "kiln_f16_to_f32(" + e + ")";
   return e;
 }
+// Element u of a register array of 16-byte loads, in the compute type (bf16 through its
+// 32-bit word: kiln_bf16_at).
+inline std::string vec_element(DType d, const std::string& array, const std::string& u) {
+  if (d == DType::bf16) return "kiln_bf16_at(" + array + ", " + u + ")";
+  return to_compute(d, array + "[" + u + "]");
+}
 inline std::string to_storage(DType d, const std::string& v) {
   if (d == DType::bf16) return "kiln_f32_to_bf16(" + v + ")";
   if (d == DType::f16) return "kiln_f32_to_f16(" + v + ")";
@@ -202,6 +208,7 @@ class MatmulEpilogue {
   // put them out early; `body` computes and stores. rand slots are not supported here.
   struct Group {
     std::string loads, body;
+    int load_bytes = 0;  // of the vector loads (what a writer keeps in flight per group)
   };
   Group store_group(const std::string& row, const std::string& col, const std::string& vals, int width,
                     const std::vector<Stride>& cls, const std::string& tag, const std::string& ind) const {
@@ -214,6 +221,7 @@ class MatmulEpilogue {
       bool unit = cls[size_t(i)] == Stride::unit;
       out.loads += ind + "const int64_t " + x + " = e" + si + " + (" + row + ") * est[" + si + " * nd + nd - 2]" +
                    (unit ? " + (" + col + ")" : "") + ";\n";
+      if (l_.slots[size_t(i)].role == SlotRole::load && unit) out.load_bytes += width * int(info(dtype_of_slot(i)).bytes);
       if (l_.slots[size_t(i)].role == SlotRole::load)
         out.loads += ind + "const " + (unit ? vec(i) : storage_type(dtype_of_slot(i))) + " " + name("L", i) + " = " +
                      (unit ? "kiln_vec_load<" + storage_type(dtype_of_slot(i)) + ", " + W + ">(p" + si + " + " + x + ")" : "p" + si + "[" + x + "]") +
@@ -223,7 +231,8 @@ class MatmulEpilogue {
     }
     Access a;
     a.load = [&](int i) {
-      return to_compute(dtype_of_slot(i), name("L", i) + (cls[size_t(i)] == Stride::unit ? ".v[u]" : ""));
+      return cls[size_t(i)] == Stride::unit ? vec_element(dtype_of_slot(i), name("L", i) + ".v", "u")
+                                            : to_compute(dtype_of_slot(i), name("L", i));
     };
     a.index = [&](int) -> std::string { throw Error("kiln: internal error: a random or iota value in a grouped GEMM epilogue"); };
     a.store = [&](int i, const std::string& v) { return name("S", i) + ".v[u] = " + v; };

@@ -91,6 +91,13 @@ KILN_FN bool kiln_min(bool a, bool b) { return a && b; }
 // 16-bit floats: stored as uint16_t, computed in f32 (bit conversions, round to nearest even;
 // on sm_80 and later the conversion instructions, whose NaN is the canonical one).
 KILN_FN float kiln_bf16_to_f32(uint16_t b) { return __uint_as_float(((uint32_t)b) << 16); }
+// Element u (a constant once unrolled) of a 4-byte-aligned bf16 array, from its 32-bit word:
+// one shift or one mask. NOTE: the upper element alone took two instructions on sm_90
+// (a byte permute down, a shift back up).
+KILN_FN float kiln_bf16_at(const uint16_t* a, int u) {
+  const uint32_t w = ((const uint32_t*)a)[u >> 1];
+  return __uint_as_float((u & 1) ? (w & 0xffff0000u) : (w << 16));
+}
 KILN_FN uint16_t kiln_f32_to_bf16(float f) {
 #ifdef KILN_SM80  // one conversion instruction (the bit arithmetic below takes about seven)
   uint16_t h;
