@@ -129,8 +129,9 @@ inline std::vector<GemmConfig> gemm_candidates(DType d, int arch) {
   // wgmma: 128-row tiles of two consumer warpgroups, K steps of 64 (one 128-byte swizzle row).
   std::vector<GemmConfig> hopper;
   if (gemm_has_wgmma(d, arch))
-    // NOTE: the persistent 128x256 kernel took the W4 step from 10.80 to 10.21 ms on an H200
-    // (KILN_BENCH_GEMM_SWEEP=1 gpu_bench, every GEMM forced to each config).
+    // NOTE: with every GEMM forced to each config in one process on an H200, the W4 step took
+    // 10.21 ms with the persistent 128x256 kernel, 10.80 ms with the 4-stage one
+    // (KILN_BENCH_GEMM_SWEEP=1 gpu_bench); across machines the step varied as much.
     hopper = {{K::wgmma, 128, 256, 64, 64, 256, 4, true}, {K::wgmma, 128, 128, 64, 64, 128, 6},
               {K::wgmma, 128, 192, 64, 64, 192, 4}, {K::wgmma, 128, 256, 64, 64, 256, 4},
               {K::wgmma, 128, 256, 64, 64, 256, 3}, {K::wgmma, 128, 128, 64, 64, 128, 6, true}};
