@@ -146,6 +146,18 @@ TEST_CASE("gemm config choice: tensor cores only where dtype, architecture and l
   auto count = [](const std::vector<GemmConfig>& cs, GemmKind k) { return std::count_if(cs.begin(), cs.end(), [&](const GemmConfig& c) { return c.kind == k; }); };
   CHECK(count(tuned, GemmKind::wgmma) == 6);
   CHECK(count(tuned, GemmKind::mma) == 0);
+  // A transcendental epilogue: the split-epilogue configs too, and the heuristic's tile with one.
+  GemmProblem heavy = problem(8192, 8192, 8192, DType::bf16, true, 90, true);
+  heavy.heavy_epilogue = true;
+  auto tuned_heavy = codegen::gemm_tuning_candidates(heavy);
+  CHECK(count(tuned_heavy, GemmKind::wgmma) == 8);
+  CHECK(std::count_if(tuned_heavy.begin(), tuned_heavy.end(), [](const GemmConfig& c) { return c.split_epilogue; }) == 2);
+  CHECK(!hopper.split_epilogue);
+  GemmConfig split = codegen::gemm_heuristic(heavy);
+  CHECK((split.kind == GemmKind::wgmma && split.bm == 128 && split.bn == 256 && split.persistent && split.split_epilogue));
+  CHECK(split.str().substr(split.str().rfind('_')) == "_pe");
+  heavy.m = heavy.n = 1024;  // 64 tiles of 128 x 128: no split config of that tile
+  CHECK(!codegen::gemm_heuristic(heavy).split_epilogue);
   auto no_tma = codegen::gemm_tuning_candidates(problem(8192, 8192, 8192, DType::bf16, true, 90));
   CHECK(count(no_tma, GemmKind::wgmma) == 0);
   CHECK(count(no_tma, GemmKind::mma) == 12);
@@ -192,6 +204,24 @@ TEST_CASE("gemm layout facts: K-major or M/N-major operands, 16-byte rows, else 
   CHECK(p.src.find("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16") != std::string::npos);
   GpuProgram older = cuda_program(75, matmul(a, b));
   CHECK(older.src.find("mma.sync") == std::string::npos);
+}
+
+TEST_CASE("a split epilogue where it reads a matrix and computes a transcendental (W4's gelu'), else the consumers' epilogue") {
+  auto e = [](int64_t r, int64_t c) { return Tensor<bf16, 2>::empty(Shape<2>{r, c}, cpu()); };
+  auto x = e(2048, 1024), w = e(1024, 4096), pre = e(2048, 4096);  // 16 x 16 tiles of 128 x 256
+  auto b = Tensor<bf16, 1>::empty(Shape<1>{4096}, cpu());
+  auto config = [](const GpuProgram& p) {
+    REQUIRE(p.matmuls().size() == 1);
+    return p.matmuls()[0].gemm;
+  };
+  GemmConfig split = config(cuda_program(90, matmul(x, w) * kiln::exp(pre)));
+  CAPTURE(split.str());
+  CHECK((split.kind == GemmKind::wgmma && split.persistent && split.split_epilogue));
+  for (const GemmConfig& c : {config(cuda_program(90, kiln::gelu(matmul(x, w) + b))), config(cuda_program(90, matmul(x, w) + pre)),
+                              config(cuda_program(90, matmul(x, w)))}) {
+    CAPTURE(c.str());
+    CHECK((c.kind == GemmKind::wgmma && c.persistent && !c.split_epilogue));
+  }
 }
 
 TEST_SUITE("nvrtc") {
@@ -311,11 +341,10 @@ TEST_CASE("the persistent Hopper kernel: a block per SM walks the tiles; it comp
   std::vector<GemmConfig> persistent;
   for (const GemmConfig& c : codegen::gemm_candidates(DType::bf16, 90))
     if (c.persistent) persistent.push_back(c);
-  REQUIRE(persistent.size() == 2);
+  REQUIRE(persistent.size() == 4);  // two with a split epilogue
   for (const GemmConfig& c : persistent) {
     CAPTURE(c.str());
-    CHECK(c.str().size() > 2);
-    CHECK(c.str().substr(c.str().size() - 2) == "_p");
+    CHECK(c.str().substr(c.str().rfind('_')) == (c.split_epilogue ? "_pe" : "_p"));
     GemmHook force(c);
     // 2048 x 4096: 16 x 16 tiles of 128 x 256 (16 x 32 of 128 x 128) on 132 SMs; 64 x 48: one tile
     GpuProgram p = cuda_program(90, kiln::gelu(matmul(e(2048, 1024), e(1024, 4096)) + b), matmul(e(64, 32), e(32, 48)));
@@ -329,6 +358,7 @@ TEST_CASE("the persistent Hopper kernel: a block per SM walks the tiles; it comp
     for (const auto& v : mm) CHECK(v.gemm == c);
     CHECK((mm[0].epilogue_vec || mm[1].epilogue_vec));
     CHECK(p.src.find("tile += gridDim.x") != std::string::npos);
+    CHECK((p.src.find("kiln_mbar_wait(stg_full") != std::string::npos) == c.split_epilogue);
     CHECK(jit::cubin_sm(jit::nvrtc_compile(p.src, "kiln_gemm_persistent", 9, 0, codegen::gpu_compile_options(p.vars))) == 90);
     // The GPU test's operands (M, N, K multiples of 8; x and w also transposed) take the forced config.
     auto b2 = Tensor<bf16, 1>::empty(Shape<1>{3896}, cpu());
@@ -532,7 +562,7 @@ TEST_CASE_TEMPLATE("GPU GEMM: every candidate config, forced, against float64", 
   // NOTE: of the mma configs only the best-known of each block tile (what max-autotune times on
   // an sm_90): every config is a compile of every case's kernel, seconds each.
   GemmProblem any;
-  any.dtype = DT::id, any.arch = cuda_arch(), any.tensor_ok = any.tma_ok = true;
+  any.dtype = DT::id, any.arch = cuda_arch(), any.tensor_ok = any.tma_ok = any.heavy_epilogue = true;
   for (const GemmConfig& c : codegen::gemm_tuning_candidates(any)) {
     CAPTURE(c.str());
     int took = run_cases<DT>(c);
@@ -613,10 +643,11 @@ TEST_CASE_TEMPLATE("GPU GEMM epilogue in the Hopper kernel: interior tiles 4 col
                            [](double g, double t, double q) { return g * std::fabs(t) + std::fabs(q); });
   Array want2 = ref::zip(ref::matmul(x.a, w2.a, &scale2), rt.a, [](double p, double q) { return p + q; });
   Array bound2 = ref::zip(scale2, rt.a, [](double p, double q) { return p + std::fabs(q); });
-  std::vector<GemmConfig> tiles;  // each wgmma tile shape once (the staging walks BN in 32-column chunks)
+  std::vector<GemmConfig> tiles;  // each wgmma tile shape and epilogue form once (the staging walks BN in 32-column chunks)
   for (const GemmConfig& c : codegen::gemm_candidates(DT::id, 90))
-    if (c.kind == GemmKind::wgmma &&
-        std::none_of(tiles.begin(), tiles.end(), [&](const GemmConfig& t) { return t.bn == c.bn && t.persistent == c.persistent; }))
+    if (c.kind == GemmKind::wgmma && std::none_of(tiles.begin(), tiles.end(), [&](const GemmConfig& t) {
+          return t.bn == c.bn && t.persistent == c.persistent && t.split_epilogue == c.split_epilogue;
+        }))
       tiles.push_back(c);
   for (const GemmConfig& c : tiles) {
     CAPTURE(c.str());
@@ -678,7 +709,7 @@ TEST_CASE("GPU GEMM: the persistent Hopper kernel over more tiles than SMs, each
       CHECK(codegen::gemm_tiles(c, p) > 132);
     }
   }
-  CHECK(persistent == 2);
+  CHECK(persistent == 4);  // two with a split epilogue
 }
 
 }  // TEST_SUITE("gpu")

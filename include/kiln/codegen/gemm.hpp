@@ -53,6 +53,10 @@ struct GemmConfig {
   // wgmma only: one block per SM walks the tiles (gemm_sm90.hpp), its producer loading the
   // next tile while the consumers store this one.
   bool persistent = false;
+  // wgmma, persistent only: the producer warpgroup's three idle warps run the epilogue. The
+  // consumers leave each tile's accumulators in shared memory (in the output's 16-bit dtype:
+  // the matmul's own value) and go on to the next tile's MMAs while it is stored (gemm_sm90.hpp).
+  bool split_epilogue = false;
 
   int threads() const {
     if (kind == GemmKind::wgmma) return (bm / wm + 1) * 128;
@@ -62,7 +66,7 @@ struct GemmConfig {
     static const char* names[] = {"simt", "mma", "wgmma", "mfma"};
     return std::string(names[int(kind)]) + "_" + std::to_string(bm) + "x" + std::to_string(bn) +
            "x" + std::to_string(bk) + "_" + std::to_string(wm) + "x" + std::to_string(wn) + "_s" + std::to_string(stages) +
-           (persistent ? "_p" : "");
+           (persistent ? "_p" : "") + (split_epilogue ? "e" : "");
   }
   bool operator==(const GemmConfig&) const = default;
 };
@@ -86,6 +90,9 @@ struct GemmProblem {
   GemmOperands ops;
   bool tensor_ok = false, tma_ok = false;
   int arch = 0, sm_count = 1;
+  // The fused epilogue reads a matrix and computes transcendentals (Layout::epilogue_heavy):
+  // worth warps of its own.
+  bool heavy_epilogue = false;
 };
 
 inline bool gemm_has_mma(DType d, int arch) { return arch >= 80 && (d == DType::bf16 || d == DType::f16); }
@@ -134,7 +141,9 @@ inline std::vector<GemmConfig> gemm_candidates(DType d, int arch) {
     // (KILN_BENCH_GEMM_SWEEP=1 gpu_bench); across machines the step varied as much.
     hopper = {{K::wgmma, 128, 256, 64, 64, 256, 4, true}, {K::wgmma, 128, 128, 64, 64, 128, 6},
               {K::wgmma, 128, 192, 64, 64, 192, 4}, {K::wgmma, 128, 256, 64, 64, 256, 4},
-              {K::wgmma, 128, 256, 64, 64, 256, 3}, {K::wgmma, 128, 128, 64, 64, 128, 6, true}};
+              {K::wgmma, 128, 256, 64, 64, 256, 3}, {K::wgmma, 128, 128, 64, 64, 128, 6, true},
+              // A warpgroup of its own for the epilogue: its staging takes one stage's room.
+              {K::wgmma, 128, 256, 64, 64, 256, 3, true, true}, {K::wgmma, 128, 192, 64, 64, 192, 4, true, true}};
   if (gemm_has_mma(d, arch)) {
     std::vector<GemmConfig> ampere = {{K::mma, 128, 128, 32, 64, 64, 4}, {K::mma, 128, 128, 32, 64, 64, 3}, {K::mma, 128, 128, 32, 64, 64, 5},
             {K::mma, 128, 128, 64, 64, 64, 3}, {K::mma, 128, 128, 64, 64, 64, 2}, {K::mma, 128, 128, 32, 64, 32, 4},
@@ -153,14 +162,15 @@ inline std::vector<GemmConfig> gemm_candidates(DType d, int arch) {
   return {{K::simt, 128, 128, 8, 8, 8, 1}, {K::simt, 64, 64, 16, 4, 4, 1}, {K::simt, 32, 32, 16, 2, 2, 1}};
 }
 
-// What max-autotune times for this problem: the candidates that fit it; where wgmma
-// fits, no mma config (on an H200 every mma config ran at half wgmma's speed or less:
-// docs/benchmarks.md; compiling them was a third of W4's tuning time).
+// What max-autotune times for this problem: the candidates that fit it; a split epilogue
+// only where the epilogue is heavy; where wgmma fits, no mma config (on an H200 every mma
+// config ran at half wgmma's speed or less: docs/benchmarks.md; compiling them was a
+// third of W4's tuning time).
 inline std::vector<GemmConfig> gemm_tuning_candidates(const GemmProblem& p) {
   std::vector<GemmConfig> all = gemm_candidates(p.dtype, p.tensor_ok ? p.arch : 0), out;
   bool hopper = std::any_of(all.begin(), all.end(), [&](const GemmConfig& c) { return c.kind == GemmKind::wgmma && gemm_fits(c, p); });
   for (const GemmConfig& c : all)
-    if (gemm_fits(c, p) && !(hopper && c.kind == GemmKind::mma)) out.push_back(c);
+    if (gemm_fits(c, p) && !(hopper && c.kind == GemmKind::mma) && (p.heavy_epilogue || !c.split_epilogue)) out.push_back(c);
   return out;
 }
 
@@ -186,8 +196,14 @@ inline GemmConfig gemm_heuristic(const GemmProblem& p) {
   if (all.front().kind == GemmKind::wgmma && gemm_fits(all.front(), p) && p.k >= 64)
     ladder.insert(ladder.begin(), {tile(GemmKind::wgmma, 128, 256), tile(GemmKind::wgmma, 128, 128)});
   // NOTE: "every SM" with a tenth of slack: 128 tiles on 132 SMs is one nearly full wave.
+  auto with_epilogue_wg = [&](const GemmConfig& c) {
+    if (c.kind == GemmKind::wgmma && p.heavy_epilogue)
+      for (const GemmConfig& e : all)
+        if (e.split_epilogue && e.bm == c.bm && e.bn == c.bn) return e;
+    return c;
+  };
   for (const GemmConfig& c : ladder)
-    if (gemm_tiles(c, p) * 10 >= p.sm_count * 9) return c;
+    if (gemm_tiles(c, p) * 10 >= p.sm_count * 9) return with_epilogue_wg(c);
   return ladder.back();
 }
 
@@ -216,13 +232,17 @@ inline GemmConfig gemm_choose(const GemmProblem& p) {
 // wgmma's staged epilogue: per consumer warpgroup, 64 rows x 32 columns of f32
 // accumulators, rows 40 floats apart (the fragment writes and the row reads meet no bank conflicts).
 inline constexpr int kWgmmaStageCols = 32, kWgmmaStagePitch = 40;
+// The split epilogue's staging: the whole tile in 16 bits, rows BN + 8 elements apart (the
+// same: 16 bytes of padding per row).
+inline size_t gemm_split_staging_bytes(const GemmConfig& c) { return size_t(c.bm) * size_t(c.bn + 8) * 2; }
 
 // Dynamic shared memory of an mma or wgmma kernel (0 for simt: static). wgmma: the
-// stages, their full and empty barriers, the epilogue's staging, and 1 KB to align the
-// base to the swizzle atom.
+// stages, their full and empty barriers, the epilogue's staging (split: two more
+// barriers and the tile), and 1 KB to align the base to the swizzle atom.
 inline size_t gemm_shared_bytes(const GemmConfig& c, const GemmOperands& o) {
   if (c.kind == GemmKind::wgmma)
-    return size_t(c.stages) * (size_t(c.bm + c.bn) * c.bk * 2 + 16) + size_t(c.bm / c.wm) * 64 * kWgmmaStagePitch * 4 + 1024;
+    return size_t(c.stages) * (size_t(c.bm + c.bn) * c.bk * 2 + 16) +
+           (c.split_epilogue ? 16 + gemm_split_staging_bytes(c) : size_t(c.bm / c.wm) * 64 * kWgmmaStagePitch * 4) + 1024;
   if (c.kind != GemmKind::mma) return 0;
   size_t a = o.a_k_major ? size_t(c.bm) * (c.bk + 8) : size_t(c.bk) * (c.bm + 8);
   size_t b = o.b_k_major ? size_t(c.bn) * (c.bk + 8) : size_t(c.bk) * (c.bn + 8);

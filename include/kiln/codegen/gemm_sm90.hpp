@@ -28,6 +28,12 @@
 // counted across its tiles, so the producer fills the ring with the next tile's K steps
 // while the consumers still store this one, and no block start or pipeline fill is paid
 // per tile.
+// Split epilogue (GemmConfig::split_epilogue, persistent): the producer warpgroup's warps
+// 1-3 run the epilogue. The consumers write each tile's accumulators to a staging tile in
+// shared memory (16-bit: the matmul's own value; `stg_full`), go on to the next tile's
+// MMAs, and overwrite the staging only once the epilogue warps have read it (`stg_empty`),
+// so an epilogue that is long per element (loads from memory, transcendentals) overlaps
+// the tensor cores' work instead of following it. Its staging takes one stage's room.
 //
 // Shared memory per stage, each box 1024-byte aligned (the swizzle atom):
 //   A K-major: [BM rows][64 k] (one box)          A M-major: BM/64 boxes of [64 k][64 m]
@@ -48,13 +54,14 @@ class WgmmaWriter {
 
   std::string body(const std::string& prelude = "") const {
     auto S = [](int v) { return std::to_string(v); };
-    const bool persistent = c_.persistent;
+    const bool persistent = c_.persistent, split = c_.persistent && c_.split_epilogue;
     std::string s = w_.head(prelude);
     s += "  constexpr int STAGES = " + S(c_.stages) + ", CONSUMERS = BM / WM;\n";
     s += "  constexpr uint32_t A_STAGE = BM * BK * 2, B_STAGE = BN * BK * 2;\n";
     s += "  extern __shared__ __align__(128) unsigned char kiln_smem[];\n";
     s += "  const uint32_t sA = (kiln_smem_addr(kiln_smem) + 1023u) & ~1023u, sB = sA + STAGES * A_STAGE;\n";
     s += "  const uint32_t full0 = sB + STAGES * B_STAGE, empty0 = full0 + STAGES * 8;\n";
+    if (split) s += "  const uint32_t stg_full = full0 + STAGES * 16, stg_empty = stg_full + 8, stg = stg_full + 16;\n";
     s += "  const int wg = threadIdx.x / 128, lane = threadIdx.x % 32;\n";
     s += "  const int KT = (int)((K + BK - 1) / BK);\n";
     if (persistent) s += "  const int64_t kiln_tiles = ((Mr + BM - 1) / BM) * ((N + BN - 1) / BN);\n";
@@ -62,6 +69,7 @@ class WgmmaWriter {
     s += "  const int za = nd == 3 && sa[0] != 0 ? (int)blockIdx.z : 0, zb = nd == 3 && sb[0] != 0 ? (int)blockIdx.z : 0;\n";
     s += "  if (threadIdx.x == 0) {\n";
     s += "    for (int s = 0; s < STAGES; ++s) { kiln_mbar_init(full0 + 8 * s, 1); kiln_mbar_init(empty0 + 8 * s, CONSUMERS * 4); }\n";
+    if (split) s += "    kiln_mbar_init(stg_full, CONSUMERS * 128); kiln_mbar_init(stg_empty, 96);\n";
     s += "    kiln_mbar_init_fence();\n  }\n  __syncthreads();\n";
     // Steps are counted over the block's tiles (g): step g uses stage g % STAGES, for the
     // (g / STAGES)-th time, so each barrier's phase parity follows from g alone.
@@ -72,7 +80,12 @@ class WgmmaWriter {
              GemmWriter::tile_origin("tile", ind + "  ");
     };
     auto tiles_close = [&](const std::string& ind) { return persistent ? ind + "}\n" : std::string(); };
-    s += "  if (wg == 0) {\n    kiln_regs_dec<40>();\n    if (threadIdx.x == 0) {\n      int g = 0;\n" + tiles_open("      ");
+    // Registers: the producer gives its own up (setmaxnreg) for the consumers' accumulators and
+    // the staged epilogue's loads. NOTE: ptxas allocates no more than the launch's 168 per
+    // thread after an increase, and keeps code after a decrease within it, so a split
+    // config, whose producer warpgroup also runs the epilogue, keeps 168 everywhere.
+    s += std::string("  if (wg == 0) {\n") + (split ? "" : "    kiln_regs_dec<40>();\n") + "    if (threadIdx.x == 0) {\n      int g = 0;\n" +
+         tiles_open("      ");
     s += "      for (int kt = 0; kt < KT; ++kt, ++g) {\n        const int s = g % STAGES, k0 = kt * BK;\n";
     s += "        if (g >= STAGES) kiln_mbar_wait(empty0 + 8 * s, (g / STAGES - 1) & 1);\n";
     s += "        const uint32_t full = full0 + 8 * s, a = sA + s * A_STAGE, b = sB + s * B_STAGE;\n";
@@ -81,9 +94,11 @@ class WgmmaWriter {
                       : "        for (int c = 0; c < BM / 64; ++c) kiln_tma_load_3d(a + c * 8192, &tma_a, (int)m0 + 64 * c, k0, za, full);\n";
     s += o_.b_k_major ? "        kiln_tma_load_3d(b, &tma_b, k0, (int)n0, zb, full);\n"
                       : "        for (int j = 0; j < BN / 64; ++j) kiln_tma_load_3d(b + j * 8192, &tma_b, (int)n0 + 64 * j, k0, zb, full);\n";
-    s += "      }\n" + tiles_close("      ") + "    }\n  } else {\n    kiln_regs_inc<232>();\n";
+    s += "      }\n" + tiles_close("      ") + "    }\n";
+    if (split) s += "    else if (threadIdx.x >= 32) {\n" + split_epilogue(tiles_open, tiles_close) + "    }\n";
+    s += std::string("  } else {\n") + (split ? "" : "    kiln_regs_inc<232>();\n");
     s += "    const int c = wg - 1, w = (threadIdx.x / 32) % 4;\n";
-    s += "    float d[BN / 2];\n    int g = 0;\n" + tiles_open("    ");
+    s += std::string("    float d[BN / 2];\n    int g = 0;\n") + (split ? "    int tiles_done = 0;\n" : "") + tiles_open("    ");
     s += "#pragma unroll\n    for (int i = 0; i < BN / 2; ++i) d[i] = 0.f;\n";
     s += "    for (int kt = 0; kt < KT; ++kt, ++g) {\n      const int s = g % STAGES;\n";
     s += "      kiln_mbar_wait(full0 + 8 * s, (g / STAGES) & 1);\n";
@@ -109,7 +124,15 @@ class WgmmaWriter {
       t += "      const int64_t row = m0 + c * 64 + w * 16 + lane / 4 + (q / 2) * 8, col = n0 + j * 8 + (lane % 4) * 2 + q % 2;\n";
       return t + w_.emit_store("      ", "row", "col", "d[j * 4 + q]", checked) + "    }\n";
     };
-    if (!group_) {
+    if (split) {
+      // The staging holds the previous tile until the epilogue warpgroup has read it all.
+      s += "    " + done + "    if (tiles_done > 0) kiln_mbar_wait(stg_empty, (tiles_done - 1) & 1);\n";
+      s += "    {\n      uint32_t* sw = (uint32_t*)(kiln_smem + (stg - kiln_smem_addr(kiln_smem)));\n";
+      s += "      const int r = c * 64 + w * 16 + lane / 4;\n#pragma unroll\n      for (int j = 0; j < BN / 8; ++j) {\n";
+      s += "        sw[r * ((BN + 8) / 2) + j * 4 + lane % 4] = " + pack() + "(d[j * 4], d[j * 4 + 1]);\n";
+      s += "        sw[(r + 8) * ((BN + 8) / 2) + j * 4 + lane % 4] = " + pack() + "(d[j * 4 + 2], d[j * 4 + 3]);\n";
+      s += "      }\n    }\n    kiln_mbar_arrive(stg_full);\n    ++tiles_done;\n";
+    } else if (!group_) {
       s += "    " + done;
       s += "    if (m0 + BM <= Mr && n0 + BN <= N) {\n" + stores(false) + "    } else {\n" + stores(true) + "    }\n";
     } else {
@@ -132,6 +155,61 @@ class WgmmaWriter {
                     (o_.a_k_major ? "0" : "1") + ", " + (o_.b_k_major ? "0" : "1") + "; }\\n\"\n" + ind + "  : ";
     for (int i = 0; i < regs; ++i) s += (i ? ", " : "") + std::string("\"+f\"(d[") + std::to_string(i) + "])";
     return s + "\n" + ind + "  : \"l\"(da), \"l\"(db), \"r\"(1));\n";
+  }
+
+  std::string pack() const { return d_ == DType::bf16 ? "kiln_pack_bf16x2" : "kiln_pack_f16x2"; }
+
+  // The epilogue warps of a split config (the producer warpgroup's warps 1-3): for each of
+  // the block's tiles, wait for the consumers' staging, then each thread finishes 8
+  // consecutive columns of one row at a time (a warp: 256 columns, one 16-byte shared read
+  // and one vector access per slot), and give the staging back. Interior tiles go in batches
+  // of kBatch such chunks per thread whose loads all go out first (the first batch's before
+  // the wait for the staging): three warps hide a load from memory only with many in
+  // flight. Edge tiles store element by element, checked.
+  template <class Open, class Close>
+  std::string split_epilogue(const Open& tiles_open, const Close& tiles_close) const {
+    constexpr int kBatch = 8;
+    auto S = [](int v) { return std::to_string(v); };
+    const std::string un = d_ == DType::bf16 ? "kiln_unpack_bf16x2" : "kiln_unpack_f16x2";
+    // Chunk `j` of the staging (row r<j>, columns c<j> .. c<j> + 7) into f<j>[8].
+    auto unpack = [&](const std::string& j, const std::string& ind) {
+      std::string f = "f" + j;
+      return ind + "const uint4 q" + j + " = *(const uint4*)(sbytes + (r" + j + " * (BN + 8) + c" + j + ") * 2);\n" + ind + "float " + f +
+             "[8];\n" + ind + un + "(q" + j + ".x, " + f + "); " + un + "(q" + j + ".y, " + f + " + 2); " + un + "(q" + j + ".z, " + f +
+             " + 4); " + un + "(q" + j + ".w, " + f + " + 6);\n";
+    };
+    const std::string wait = "kiln_mbar_wait(stg_full, tiles_done & 1);\n";
+    std::string s = "    const int t = threadIdx.x - 32;\n";
+    s += "    const unsigned char* sbytes = kiln_smem + (stg - kiln_smem_addr(kiln_smem));\n    int tiles_done = 0;\n";
+    s += tiles_open("    ") + "    constexpr int CHUNKS = BM * BN / 8;\n";
+    // Per element, checked or not: edge tiles, and epilogues with no vector form.
+    auto elements = [&](bool checked) {
+      std::string e = "    " + wait + "    for (int chunk = t; chunk < CHUNKS; chunk += 96) {\n";
+      e += "      const int r_ = chunk / (BN / 8), c_ = (chunk % (BN / 8)) * 8;\n" + unpack("_", "      ");
+      e += "      const int64_t row = m0 + r_;\n#pragma unroll\n      for (int e = 0; e < 8; ++e) {\n";
+      return e + "        const int64_t col = n0 + c_ + e;\n" + w_.emit_store("        ", "row", "col", "f_[e]", checked) + "      }\n    }\n";
+    };
+    std::string interior = elements(false);
+    if (group_) {
+      interior = "    for (int b = t; b < CHUNKS; b += 96 * " + S(kBatch) + ") {\n";
+      std::vector<MatmulEpilogue::Group> lo, hi;
+      for (int j = 0; j < kBatch; ++j) {
+        std::string J = S(j);
+        // Past the tile's chunks: the last chunk's addresses (loaded, not stored).
+        interior += "      const int k" + J + " = min(b + " + S(96 * j) + ", CHUNKS - 1), r" + J + " = k" + J + " / (BN / 8), c" + J +
+                    " = (k" + J + " % (BN / 8)) * 8;\n";
+        lo.push_back(group_("m0 + r" + J, "n0 + c" + J, "f" + J, "a" + J));
+        hi.push_back(group_("m0 + r" + J, "n0 + c" + J + " + 4", "(f" + J + " + 4)", "b" + J));
+      }
+      for (int j = 0; j < kBatch; ++j) interior += lo[size_t(j)].loads + hi[size_t(j)].loads;
+      interior += "      if (b == t) " + wait;
+      for (int j = 0; j < kBatch; ++j)
+        interior += "      if (b + " + S(96 * j) + " < CHUNKS) {\n" + unpack(S(j), "        ") + lo[size_t(j)].body + hi[size_t(j)].body + "      }\n";
+      interior += "    }\n";
+    }
+    s += "    if (m0 + BM <= Mr && n0 + BN <= N) {\n" + interior + "    } else {\n" + elements(true) + "    }\n";
+    s += "    kiln_mbar_arrive(stg_empty);\n    ++tiles_done;\n";
+    return s + tiles_close("    ");
   }
 
   // An interior tile's stores, 32 columns at a time: each thread writes its fragments of

@@ -33,6 +33,7 @@ struct Layout {
   std::vector<int> param_words;  // per params entry: first word
   int words = 0;
   std::vector<int> epilogue_slots;  // matmul: the slots its epilogue reads or writes
+  bool epilogue_heavy = false;      // matmul: its epilogue reads a matrix and computes a transcendental (MatmulEpilogue::heavy)
 };
 
 // How a slot is indexed along the innermost dim: fixed in the source as a
@@ -271,6 +272,23 @@ class MatmulEpilogue {
     }
     return Hasher().add(std::string_view(canonical)).digest().hex().substr(0, 12);
   }
+  // Whether the epilogue reads a whole matrix (no size-1 dim: not a bias or a per-row scale)
+  // and calls a transcendental function (erf, exp, tanh, ...): tens of instructions per element
+  // behind a load from memory, which a GEMM's own warps pay with the tensor cores idle
+  // (W4's dh = dy @ W2.t() * gelu'(pre)). NOTE: on an H200 a split epilogue paid there (1.59
+  // against 1.66 ms), not for W4's forward gelu(x @ W1 + b1), which reads only the bias (1.50
+  // against 1.48 ms): docs/benchmarks.md.
+  bool heavy() const {
+    const std::string code = store("0", "0", "0", "");
+    bool matrix = false;
+    for (int i : store_slots()) {
+      const ir::Node& n = g_.nodes[size_t(l_.slots[size_t(i)].node)];
+      matrix = matrix || (l_.slots[size_t(i)].role == SlotRole::load && n.rank >= 2 && n.ones == 0);
+    }
+    for (const char* f : {"kiln_exp", "kiln_log", "kiln_sin(", "kiln_cos(", "kiln_tanh(", "kiln_erf(", "kiln_pow("})
+      if (matrix && code.find(f) != std::string::npos) return true;
+    return false;
+  }
   // The slots that store() reads or writes.
   std::vector<int> store_slots() const {
     std::vector<uint8_t> used;
@@ -345,7 +363,10 @@ inline Layout layout(const ir::Graph& g, const sched::Kernel& k) {
     if (op == Prim::rand || op == Prim::iota) l.slots.push_back({p, SlotRole::rand});
   }
   // NOTE: which slots a matmul's epilogue touches, found once per plan (it generates the code).
-  if (k.kind == sched::KernelKind::matmul) l.epilogue_slots = MatmulEpilogue(g, k, l).store_slots();
+  if (k.kind == sched::KernelKind::matmul) {
+    l.epilogue_slots = MatmulEpilogue(g, k, l).store_slots();
+    l.epilogue_heavy = MatmulEpilogue(g, k, l).heavy();
+  }
   return l;
 }
 

@@ -281,6 +281,7 @@ inline codegen::GpuVariant gpu_variant(const ir::Graph& g, const sched::Kernel& 
   v.strides = a.strides;
   if (k.kind == sched::KernelKind::matmul) {
     codegen::GemmProblem p = gemm_problem(g, k, a, arch, sm_count);
+    p.heavy_epilogue = l.epilogue_heavy;
     v.gemm = codegen::gemm_choose(p);
     v.gemm_ops = p.ops;
     v.epilogue_vec = vector_epilogue(g, l, a, v.strides);
@@ -447,8 +448,8 @@ inline Hash128 variant_key(const std::vector<codegen::GpuVariant>& vars) {
   for (const codegen::GpuVariant& v : vars) {
     if (!v.strides.empty()) vh.add(v.strides.data(), v.strides.size());
     const codegen::GemmConfig& gc = v.gemm;
-    int32_t w[18] = {v.vec, v.group, v.persist, v.split, v.threads, int(gc.kind), gc.bm, gc.bn, gc.bk, gc.wm, gc.wn, gc.stages,
-                     gc.persistent, v.gemm_ops.a_k_major, v.gemm_ops.b_k_major, v.cols, v.epilogue_vec, v.vec_rows};
+    int32_t w[19] = {v.vec, v.group, v.persist, v.split, v.threads, int(gc.kind), gc.bm, gc.bn, gc.bk, gc.wm, gc.wn, gc.stages,
+                     gc.persistent, gc.split_epilogue, v.gemm_ops.a_k_major, v.gemm_ops.b_k_major, v.cols, v.epilogue_vec, v.vec_rows};
     vh.add(w, sizeof w);
   }
   return vh.digest();
@@ -670,6 +671,7 @@ class GpuBackend final : public Backend {
     for (size_t k = 0; k < kernels.size(); ++k) {
       if (kernels[k].kind != sched::KernelKind::matmul || call.args[k].work == 0) continue;
       codegen::GemmProblem p = gemm_problem(g, kernels[k], call.args[k], arch, props.sm_count);
+      p.heavy_epilogue = cp.layouts[k].epilogue_heavy;
       bool library = Api::library_gemm_applies(g, kernels[k], cp.layouts[k], call.args[k]);
       tuned.push_back({k, codegen::gemm_tuning_candidates(p), library,
                        matmul_tune_key(g, kernels[k], cp.layouts[k], p, library ? Api::kLibraryGemm : "", Api::arch_name(dev))});
