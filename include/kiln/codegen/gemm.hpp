@@ -142,7 +142,7 @@ inline std::vector<GemmConfig> gemm_candidates(DType d, int arch) {
     hopper = {{K::wgmma, 128, 256, 64, 64, 256, 4, true}, {K::wgmma, 128, 128, 64, 64, 128, 6},
               {K::wgmma, 128, 192, 64, 64, 192, 4}, {K::wgmma, 128, 256, 64, 64, 256, 4},
               {K::wgmma, 128, 256, 64, 64, 256, 3}, {K::wgmma, 128, 128, 64, 64, 128, 6, true},
-              // A warpgroup of its own for the epilogue: its staging takes one stage's room.
+              // Split epilogue (the producer warpgroup's idle warps): its staging takes one stage's room.
               {K::wgmma, 128, 256, 64, 64, 256, 3, true, true}, {K::wgmma, 128, 192, 64, 64, 192, 4, true, true}};
   if (gemm_has_mma(d, arch)) {
     std::vector<GemmConfig> ampere = {{K::mma, 128, 128, 32, 64, 64, 4}, {K::mma, 128, 128, 32, 64, 64, 3}, {K::mma, 128, 128, 32, 64, 64, 5},

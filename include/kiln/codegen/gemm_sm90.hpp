@@ -61,7 +61,8 @@ class WgmmaWriter {
     s += "  extern __shared__ __align__(128) unsigned char kiln_smem[];\n";
     s += "  const uint32_t sA = (kiln_smem_addr(kiln_smem) + 1023u) & ~1023u, sB = sA + STAGES * A_STAGE;\n";
     s += "  const uint32_t full0 = sB + STAGES * B_STAGE, empty0 = full0 + STAGES * 8;\n";
-    if (split) s += "  const uint32_t stg_full = full0 + STAGES * 16, stg_empty = stg_full + 8, stg = stg_full + 16;\n";
+    if (split)  // EPI: the epilogue warps' threads (the producer warpgroup's warps 1-3)
+      s += "  const uint32_t stg_full = full0 + STAGES * 16, stg_empty = stg_full + 8, stg = stg_full + 16;\n  constexpr int EPI = 96;\n";
     s += "  const int wg = threadIdx.x / 128, lane = threadIdx.x % 32;\n";
     s += "  const int KT = (int)((K + BK - 1) / BK);\n";
     if (persistent) s += "  const int64_t kiln_tiles = ((Mr + BM - 1) / BM) * ((N + BN - 1) / BN);\n";
@@ -69,7 +70,7 @@ class WgmmaWriter {
     s += "  const int za = nd == 3 && sa[0] != 0 ? (int)blockIdx.z : 0, zb = nd == 3 && sb[0] != 0 ? (int)blockIdx.z : 0;\n";
     s += "  if (threadIdx.x == 0) {\n";
     s += "    for (int s = 0; s < STAGES; ++s) { kiln_mbar_init(full0 + 8 * s, 1); kiln_mbar_init(empty0 + 8 * s, CONSUMERS * 4); }\n";
-    if (split) s += "    kiln_mbar_init(stg_full, CONSUMERS * 128); kiln_mbar_init(stg_empty, 96);\n";
+    if (split) s += "    kiln_mbar_init(stg_full, CONSUMERS * 128); kiln_mbar_init(stg_empty, EPI);\n";
     s += "    kiln_mbar_init_fence();\n  }\n  __syncthreads();\n";
     // Steps are counted over the block's tiles (g): step g uses stage g % STAGES, for the
     // (g / STAGES)-th time, so each barrier's phase parity follows from g alone.
@@ -95,7 +96,7 @@ class WgmmaWriter {
     s += o_.b_k_major ? "        kiln_tma_load_3d(b, &tma_b, k0, (int)n0, zb, full);\n"
                       : "        for (int j = 0; j < BN / 64; ++j) kiln_tma_load_3d(b + j * 8192, &tma_b, (int)n0 + 64 * j, k0, zb, full);\n";
     s += "      }\n" + tiles_close("      ") + "    }\n";
-    if (split) s += "    else if (threadIdx.x >= 32) {\n" + split_epilogue(tiles_open, tiles_close) + "    }\n";
+    if (split) s += "    else if (threadIdx.x >= 128 - EPI) {\n" + split_epilogue(tiles_open, tiles_close) + "    }\n";
     s += std::string("  } else {\n") + (split ? "" : "    kiln_regs_inc<232>();\n");
     s += "    const int c = wg - 1, w = (threadIdx.x / 32) % 4;\n";
     s += std::string("    float d[BN / 2];\n    int g = 0;\n") + (split ? "    int tiles_done = 0;\n" : "") + tiles_open("    ");
@@ -125,7 +126,7 @@ class WgmmaWriter {
       return t + w_.emit_store("      ", "row", "col", "d[j * 4 + q]", checked) + "    }\n";
     };
     if (split) {
-      // The staging holds the previous tile until the epilogue warpgroup has read it all.
+      // The staging holds the previous tile until the epilogue warps have read it all.
       s += "    " + done + "    if (tiles_done > 0) kiln_mbar_wait(stg_empty, (tiles_done - 1) & 1);\n";
       s += "    {\n      uint32_t* sw = (uint32_t*)(kiln_smem + (stg - kiln_smem_addr(kiln_smem)));\n";
       s += "      const int r = c * 64 + w * 16 + lane / 4;\n#pragma unroll\n      for (int j = 0; j < BN / 8; ++j) {\n";
@@ -179,24 +180,24 @@ class WgmmaWriter {
              " + 4); " + un + "(q" + j + ".w, " + f + " + 6);\n";
     };
     const std::string wait = "kiln_mbar_wait(stg_full, tiles_done & 1);\n";
-    std::string s = "    const int t = threadIdx.x - 32;\n";
+    std::string s = "    const int t = threadIdx.x - (128 - EPI);\n";
     s += "    const unsigned char* sbytes = kiln_smem + (stg - kiln_smem_addr(kiln_smem));\n    int tiles_done = 0;\n";
     s += tiles_open("    ") + "    constexpr int CHUNKS = BM * BN / 8;\n";
     // Per element, checked or not: edge tiles, and epilogues with no vector form.
     auto elements = [&](bool checked) {
-      std::string e = "    " + wait + "    for (int chunk = t; chunk < CHUNKS; chunk += 96) {\n";
+      std::string e = "    " + wait + "    for (int chunk = t; chunk < CHUNKS; chunk += EPI) {\n";
       e += "      const int r_ = chunk / (BN / 8), c_ = (chunk % (BN / 8)) * 8;\n" + unpack("_", "      ");
       e += "      const int64_t row = m0 + r_;\n#pragma unroll\n      for (int e = 0; e < 8; ++e) {\n";
       return e + "        const int64_t col = n0 + c_ + e;\n" + w_.emit_store("        ", "row", "col", "f_[e]", checked) + "      }\n    }\n";
     };
     std::string interior = elements(false);
     if (group_) {
-      interior = "    for (int b = t; b < CHUNKS; b += 96 * " + S(kBatch) + ") {\n";
+      interior = "    for (int b = t; b < CHUNKS; b += EPI * " + S(kBatch) + ") {\n";
       std::vector<MatmulEpilogue::Group> lo, hi;
       for (int j = 0; j < kBatch; ++j) {
         std::string J = S(j);
         // Past the tile's chunks: the last chunk's addresses (loaded, not stored).
-        interior += "      const int k" + J + " = min(b + " + S(96 * j) + ", CHUNKS - 1), r" + J + " = k" + J + " / (BN / 8), c" + J +
+        interior += "      const int k" + J + " = min(b + EPI * " + S(j) + ", CHUNKS - 1), r" + J + " = k" + J + " / (BN / 8), c" + J +
                     " = (k" + J + " % (BN / 8)) * 8;\n";
         lo.push_back(group_("m0 + r" + J, "n0 + c" + J, "f" + J, "a" + J));
         hi.push_back(group_("m0 + r" + J, "n0 + c" + J + " + 4", "(f" + J + " + 4)", "b" + J));
@@ -204,7 +205,7 @@ class WgmmaWriter {
       for (int j = 0; j < kBatch; ++j) interior += lo[size_t(j)].loads + hi[size_t(j)].loads;
       interior += "      if (b == t) " + wait;
       for (int j = 0; j < kBatch; ++j)
-        interior += "      if (b + " + S(96 * j) + " < CHUNKS) {\n" + unpack(S(j), "        ") + lo[size_t(j)].body + hi[size_t(j)].body + "      }\n";
+        interior += "      if (b + EPI * " + S(j) + " < CHUNKS) {\n" + unpack(S(j), "        ") + lo[size_t(j)].body + hi[size_t(j)].body + "      }\n";
       interior += "    }\n";
     }
     s += "    if (m0 + BM <= Mr && n0 + BN <= N) {\n" + interior + "    } else {\n" + elements(true) + "    }\n";

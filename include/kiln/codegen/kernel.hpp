@@ -278,15 +278,17 @@ class MatmulEpilogue {
   // (W4's dh = dy @ W2.t() * gelu'(pre)). NOTE: on an H200 a split epilogue paid there (1.59
   // against 1.66 ms), not for W4's forward gelu(x @ W1 + b1), which reads only the bias (1.50
   // against 1.48 ms): docs/benchmarks.md.
+  // Reads the layout's epilogue_slots (layout() sets them first).
   bool heavy() const {
-    const std::string code = store("0", "0", "0", "");
     bool matrix = false;
-    for (int i : store_slots()) {
+    for (int i : l_.epilogue_slots) {
       const ir::Node& n = g_.nodes[size_t(l_.slots[size_t(i)].node)];
       matrix = matrix || (l_.slots[size_t(i)].role == SlotRole::load && n.rank >= 2 && n.ones == 0);
     }
+    if (!matrix) return false;
+    const std::string code = store("0", "0", "0", "");
     for (const char* f : {"kiln_exp", "kiln_log", "kiln_sin(", "kiln_cos(", "kiln_tanh(", "kiln_erf(", "kiln_pow("})
-      if (matrix && code.find(f) != std::string::npos) return true;
+      if (code.find(f) != std::string::npos) return true;
     return false;
   }
   // The slots that store() reads or writes.
@@ -364,8 +366,9 @@ inline Layout layout(const ir::Graph& g, const sched::Kernel& k) {
   }
   // NOTE: which slots a matmul's epilogue touches, found once per plan (it generates the code).
   if (k.kind == sched::KernelKind::matmul) {
-    l.epilogue_slots = MatmulEpilogue(g, k, l).store_slots();
-    l.epilogue_heavy = MatmulEpilogue(g, k, l).heavy();
+    MatmulEpilogue ep(g, k, l);
+    l.epilogue_slots = ep.store_slots();
+    l.epilogue_heavy = ep.heavy();
   }
   return l;
 }
