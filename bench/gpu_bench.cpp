@@ -13,6 +13,7 @@
 // (W1, W3, W8, split, "2 dims") one row.
 // KILN_BENCH_GEMM_SWEEP=1 also times bf16 8192^3 and the W4 step with each GEMM config forced.
 #include <kiln/kiln.hpp>
+#include <kiln/runtime/cuda_backend.hpp>
 
 #include "w4.hpp"
 

@@ -11,6 +11,7 @@
 // program lookup, launch shape and argument block the H200's figure includes.
 //   build/bench/host_overhead [calls]
 #include <kiln/kiln.hpp>
+#include <kiln/runtime/eval.hpp>
 
 #include "../tests/support/fake_gpu.hpp"
 

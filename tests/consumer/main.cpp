@@ -3,10 +3,16 @@
 //
 // Built against an installed kiln (find_package): one fused expression, evaluated on
 // assignment, checked element by element against a plain loop. Exit 0 iff all match.
+// Built twice: header-only (kiln::kiln), and with the engine compiled once (kiln::engine)
+// together with second.cpp, another file of the same program that includes kiln.
 #include <kiln/kiln.hpp>
 
 #include <cmath>
 #include <cstdio>
+
+#ifdef KILN_CONSUMER_TWO_FILES
+int second_file_mismatches(uint64_t launches_before);
+#endif
 
 int main() {
   using T = kiln::Tensor<kiln::f32, 2>;
@@ -25,6 +31,9 @@ int main() {
       }
     }
   }
+#ifdef KILN_CONSUMER_TWO_FILES
+  bad += second_file_mismatches(kiln::counters().kernels_launched);
+#endif
   std::printf("kiln consumer: %s\n", bad == 0 ? "ok" : "MISMATCH");
   return bad == 0 ? 0 : 1;
 }

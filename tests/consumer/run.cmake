@@ -1,7 +1,8 @@
 # ctest entry `consumer`: proves find_package(kiln) works from an install tree.
 # Takes -DKILN_BINARY_DIR, -DKILN_CONSUMER_SOURCE_DIR, -DKILN_CONFIG, -DKILN_CXX_COMPILER,
 # -DKILN_GENERATOR; installs kiln into <build>/install (fresh each run, so a header
-# removed from include/ cannot survive there), builds this folder against it, runs it.
+# removed from include/ cannot survive there), builds this folder against it (header-only,
+# and with kiln::engine), runs both programs.
 cmake_minimum_required(VERSION 3.20)
 
 set(prefix "${KILN_BINARY_DIR}/install")
@@ -29,9 +30,11 @@ step("configure ${KILN_CONSUMER_SOURCE_DIR}"
   -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF)
 step("build" "${CMAKE_COMMAND}" --build "${build}" --config "${config}")
 
-# Single-config generators put the program in the build dir, multi-config in <config>/.
-set(program "${build}/kiln_consumer")
-if(NOT EXISTS "${program}")
-  set(program "${build}/${config}/kiln_consumer")
-endif()
-step("run ${program}" "${program}")
+# Single-config generators put the programs in the build dir, multi-config in <config>/.
+foreach(name kiln_consumer kiln_consumer_engine)
+  set(program "${build}/${name}")
+  if(NOT EXISTS "${program}")
+    set(program "${build}/${config}/${name}")
+  endif()
+  step("run ${program}" "${program}")
+endforeach()

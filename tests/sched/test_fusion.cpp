@@ -23,6 +23,15 @@ Array w1_ref(const Array& x, const Array& a, const Array& b) {
 
 }  // namespace
 
+// The nvrtc-kernels and hiprtc-kernels entries run this file with KILN_PRECOMPILE: its hook
+// (runtime/precompile.hpp, registered by the engine's file) must be in place, or those
+// entries would pass while compiling no GPU kernel.
+TEST_CASE("with KILN_PRECOMPILE, every CPU plan compile also compiles the plan for GPU targets") {
+  const char* targets = std::getenv("KILN_PRECOMPILE");
+  INFO("KILN_PRECOMPILE=", targets ? targets : "(unset)");
+  CHECK((runtime::cpu_compile_hook() != nullptr) == (targets && *targets));
+}
+
 TEST_CASE("W1: y = gelu(x*a+b) * sigmoid(x) is one kernel, one launch") {
   KILN_TEST_RNG(rng);
   auto x = input<f32, 1>(rng, {100003}), a = input<f32, 1>(rng, {100003}), b = input<f32, 1>(rng, {100003});

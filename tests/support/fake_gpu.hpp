@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kiln/kiln.hpp"
+#include "kiln/runtime/gpu_backend.hpp"
 
 namespace kiln::test {
 

@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "kiln/kiln.hpp"
+#include "kiln/runtime/cuda_backend.hpp"
+#include "kiln/runtime/hip_backend.hpp"
 
 namespace kiln::test {
 

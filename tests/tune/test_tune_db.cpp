@@ -15,6 +15,8 @@
 #include <fstream>
 #include <map>
 
+#include "kiln/runtime/cuda_backend.hpp"
+
 #include "../support/reference.hpp"
 #include "../support/scratch_cache.hpp"
 

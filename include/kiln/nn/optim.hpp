@@ -17,7 +17,7 @@
 #include <variant>
 
 #include "kiln/autograd/grad.hpp"
-#include "kiln/runtime/eval.hpp"
+#include "kiln/runtime/front.hpp"
 
 namespace kiln::nn {
 

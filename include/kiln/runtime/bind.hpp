@@ -12,14 +12,9 @@
 #include <vector>
 
 #include "kiln/codegen/kernel.hpp"
+#include "kiln/runtime/bound.hpp"
 
 namespace kiln::runtime {
-
-struct View {
-  char* ptr = nullptr;  // element 0
-  int rank = 0;
-  ir::Dims shape{}, strides{};
-};
 
 struct KernelArgs {
   std::vector<void*> ptrs;
@@ -27,12 +22,6 @@ struct KernelArgs {
   std::vector<uint64_t> words;
   std::vector<codegen::Stride> strides;
   int64_t work = 0;  // elements in the domain (0: nothing to launch)
-};
-
-// Buffers and views of one call.
-struct Bound {
-  std::vector<std::shared_ptr<Storage>> storage;  // per node (materialized ones)
-  std::vector<View> views;                        // per node with memory
 };
 
 inline View apply_view(const View& in, const ir::Node& n, DType dt) {
