@@ -95,7 +95,7 @@ inline double train_digits(int epochs = 12, int batch = 64, bool timing = true) 
 
   nn::GeluMLP model(64, 128, 10, /*seed=*/1);
   nn::AdamW opt(model.params(), /*lr=*/3e-3, /*weight_decay=*/1e-2);
-  auto accuracy = [&] {
+  auto accuracy = [&, &x_test = x_test, &y_test = y_test] {  // NOTE: named: clang 14 captures no structured binding
     Tensor<f32, 2> logits = model(x_test);
     auto l = logits.to_vector(), y = y_test.to_vector();
     int64_t hit = 0;

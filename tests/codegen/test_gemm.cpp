@@ -504,7 +504,8 @@ void add_cases(Batch& batch, Rng& rng, std::vector<bool>& want_tc, bool few) {
     add(x7.t, y.t, x7.a, y.a, "[7, 200] @ [200, 1000]", true);
   }
   {  // batched, broadcast batch dims (stride 0), K = 64
-    auto a3 = input<DT, 3>(rng, {3, 65, 64}, Layout::contiguous, v), b2 = input<DT, 2>(rng, {64, 40}, Layout::contiguous, v);
+    auto a3 = input<DT, 3>(rng, {3, 65, 64}, Layout::contiguous, v);
+    auto b2 = input<DT, 2>(rng, {64, 40}, Layout::contiguous, v);
     add(a3.t, b2.t, a3.a, b2.a, "[3, 65, 64] @ [64, 40]", true);
     auto a1 = input<DT, 3>(rng, {1, 33, 64}, Layout::contiguous, v), b4 = input<DT, 3>(rng, {4, 64, 24}, Layout::transposed, v);
     add(a1.t, b4.t, a1.a, b4.a, "[1, 33, 64] @ transposed [4, 64, 24]", true);

@@ -107,7 +107,8 @@ TEST_CASE_TEMPLATE("to_vector and to(cpu) give a view's elements in row-major or
   auto a = input<DT, 3>(rng, {3, 5, 7}, Layout::contiguous, Values{-4, 4});
   std::vector<std::pair<std::string, Tensor<DT, 3>>> views = {
       {"transpose(0, 2)", a.t.transpose(0, 2)}, {"permute(1, 2, 0)", a.t.permute({1, 2, 0})}, {"slice(1, 1, 5, 2)", a.t.slice(1, 1, 5, 2)}};
-  for (const auto& [what, v] : views) {
+  for (const auto& [name, v] : views) {
+    const std::string& what = name;  // NOTE: CAPTURE's lambda; clang 14 captures no structured binding
     CAPTURE(what);
     Array want = read(v);  // gathered element by element through the view's own strides
     std::vector<double> got = v.to_vector();

@@ -142,7 +142,8 @@ template <class DT>
 void check_bias_pointwise(Device d, int64_t rows, int64_t n, Layout l) {
   KILN_TEST_RNG(rng);
   auto xi = input<DT, 2>(rng, Shape<2>{rows, n}, l);
-  auto bi = input<DT, 1>(rng, Shape<1>{n}), si = input<DT, 2>(rng, Shape<2>{rows, 1});
+  auto bi = input<DT, 1>(rng, Shape<1>{n});
+  auto si = input<DT, 2>(rng, Shape<2>{rows, 1});
   auto x = on(d, xi.t);
   auto b = on(d, bi.t);
   auto s = on(d, si.t);

@@ -84,7 +84,8 @@ TEST_CASE_TEMPLATE("epilogue shapes against the float64 reference, fused and eag
               "transposed @ transposed * k + strided residual", abs_sum(ref::map(s2, [&](double s) { return s * k; }), r.a));
 
   // batched, the batch broadcast, a bias along M (a column), then relu
-  auto x3 = input<DT, 3>(rng, {3, 37, 19}, Layout::contiguous, v), w2 = input<DT, 2>(rng, {19, 30}, Layout::transposed, v);
+  auto x3 = input<DT, 3>(rng, {3, 37, 19}, Layout::contiguous, v);
+  auto w2 = input<DT, 2>(rng, {19, 30}, Layout::transposed, v);
   auto bm = input<DT, 2>(rng, {37, 1}, Layout::contiguous, v);
   Array s3;
   Array mm3 = ref::zip(ref::matmul(x3.a, w2.a, &s3), bm.a, [](double p, double q) { return p + q; });

@@ -19,6 +19,9 @@ namespace kiln {
 namespace detail {
 // Set by a GPU runtime when it finds a device; the CPU otherwise.
 inline Device (*gpu_probe)() = nullptr;
+// An expression evaluated in the default mode (runtime/front.hpp).
+template <class E>
+auto evaluate_fused(const E& e);
 }  // namespace detail
 
 // The first GPU where one exists, else the CPU. KILN_DEVICE=cpu|cuda|cuda:N|hip|hip:N overrides.
@@ -53,10 +56,16 @@ class Tensor {
   Tensor(std::shared_ptr<Storage> storage, int64_t offset, Shape<R> sizes, Shape<R> strides)
       : storage_(std::move(storage)), offset_(offset), sizes_(sizes), strides_(strides) {}
 
-  // Evaluates an expression into a new tensor (runtime/eval.hpp defines it).
+  // Evaluates an expression into a new tensor (runtime/front.hpp). NOTE: defined here, not
+  // out of line: clang 14 matches no out-of-line definition of a constrained constructor.
   template <class E>
     requires(!std::same_as<std::remove_cvref_t<E>, Tensor> && requires { typename E::is_kiln_expr; })
-  Tensor(const E& expr);
+  Tensor(const E& expr) {
+    static_assert(std::is_same_v<typename E::dtype, DT>,
+                  "kiln: assigning an expression to a Tensor of another dtype; use kiln::cast<DType>(expr)");
+    static_assert(E::rank == R, "kiln: assigning an expression to a Tensor of another rank; use kiln::reshape");
+    *this = detail::evaluate_fused(expr);
+  }
   template <class E>
     requires(!std::same_as<std::remove_cvref_t<E>, Tensor> && requires { typename E::is_kiln_expr; })
   Tensor& operator=(const E& expr) { return *this = Tensor(expr); }

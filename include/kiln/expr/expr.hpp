@@ -259,8 +259,11 @@ template <Expr A, size_t N> auto amin(const A& a, const std::array<int, N>& ax, 
 
 // ---- movement: on a Tensor these are free views; on an expression they view the
 // materialized value (the lowering folds them into a leaf's strides where it can) ----
-template <Expr A, int R2>
-auto reshape(const A& a, Shape<R2> sizes) {
+// NOTE: Shape<R2> has an int rank and std::array a size_t one, so a braced or std::array
+// argument deduces only the second overload; both call this one (clang finds the two
+// overloads ambiguous when one calls the other by name).
+template <int R2, Expr A>
+auto reshape_to(const A& a, Shape<R2> sizes) {
   auto s = shape_of(a);
   int64_t known = 1, infer = -1, n = numel(s);
   for (int i = 0; i < R2; ++i) {
@@ -276,8 +279,10 @@ auto reshape(const A& a, Shape<R2> sizes) {
   std::copy(sizes.begin(), sizes.end(), v.sizes.begin());
   return Node<Prim::view, dtype_of<A>, R2, ViewAttrs, A>{{a}, sizes, v};
 }
+template <Expr A, int R2>
+auto reshape(const A& a, Shape<R2> sizes) { return reshape_to<R2>(a, sizes); }
 template <Expr A, size_t N>
-auto reshape(const A& a, const std::array<int64_t, N>& sizes) { return reshape<A, int(N)>(a, sizes); }
+auto reshape(const A& a, const std::array<int64_t, N>& sizes) { return reshape_to<int(N)>(a, sizes); }
 
 template <Expr A>
 auto permute(const A& a, std::array<int, rank_of<A>> perm) {
@@ -371,7 +376,8 @@ auto matmul(const A& a, const B& b) {
   static_assert(RA >= 2 && RB >= 2, "kiln: matmul: operands need rank >= 2 (use unsqueeze for vectors)");
   static_assert(std::is_same_v<dtype_of<A>, dtype_of<B>>, "kiln: matmul: operands have different dtypes");
   static_assert(NumericDType<dtype_of<A>>, "kiln: matmul: boolean operands");
-  auto sa = shape_of(a), sb = shape_of(b);
+  auto sa = shape_of(a);
+  auto sb = shape_of(b);  // NOTE: apart: one `auto` may not deduce two types
   if (sa[RA - 1] != sb[RB - 2])
     throw ShapeError("kiln: matmul: shapes " + format_shape(sa) + " and " + format_shape(sb) +
                      " (inner dims " + std::to_string(sa[RA - 1]) + " and " + std::to_string(sb[RB - 2]) + " differ)");

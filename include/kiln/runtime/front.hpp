@@ -248,14 +248,9 @@ void assign(Mode mode, const std::tuple<Ds&...>& dsts, const As&... as) {
   }(std::index_sequence_for<As...>{});
 }
 
-template <DTypeTag DT, int R>
 template <class E>
-  requires(!std::same_as<std::remove_cvref_t<E>, Tensor<DT, R>> && requires { typename E::is_kiln_expr; })
-Tensor<DT, R>::Tensor(const E& expr) {
-  static_assert(std::is_same_v<typename E::dtype, DT>,
-                "kiln: assigning an expression to a Tensor of another dtype; use kiln::cast<DType>(expr)");
-  static_assert(E::rank == R, "kiln: assigning an expression to a Tensor of another rank; use kiln::reshape");
-  *this = evaluate(Mode::fused, expr);
+auto detail::evaluate_fused(const E& e) {
+  return evaluate(Mode::fused, e);
 }
 
 // The plan an expression lowers to (kernels, what they compute and read).
