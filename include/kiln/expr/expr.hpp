@@ -212,8 +212,8 @@ auto reduce_keep(const A& a, uint32_t mask) {
   return Node<P, dtype_of<A>, rank_of<A>, ReduceAttrs, A>{{a}, s, {mask}};
 }
 
-template <Expr A, int R2>
-auto reshape(const A& a, Shape<R2> sizes);
+template <Expr A, size_t N>
+auto reshape(const A& a, std::array<int64_t, N> sizes);
 
 // Reduce over `axes` (any set, negative counts from the end). With keepdim the
 // reduced dims stay as size 1; without, they are dropped.
@@ -259,11 +259,10 @@ template <Expr A, size_t N> auto amin(const A& a, const std::array<int, N>& ax, 
 
 // ---- movement: on a Tensor these are free views; on an expression they view the
 // materialized value (the lowering folds them into a leaf's strides where it can) ----
-// NOTE: Shape<R2> has an int rank and std::array a size_t one, so a braced or std::array
-// argument deduces only the second overload; both call this one (clang finds the two
-// overloads ambiguous when one calls the other by name).
-template <int R2, Expr A>
-auto reshape_to(const A& a, Shape<R2> sizes) {
+// NOTE: a size_t rank, as std::array has: Shape<R2>'s int rank cannot be deduced from a Shape.
+template <Expr A, size_t N>
+auto reshape(const A& a, std::array<int64_t, N> sizes) {
+  constexpr int R2 = int(N);
   auto s = shape_of(a);
   int64_t known = 1, infer = -1, n = numel(s);
   for (int i = 0; i < R2; ++i) {
@@ -279,10 +278,6 @@ auto reshape_to(const A& a, Shape<R2> sizes) {
   std::copy(sizes.begin(), sizes.end(), v.sizes.begin());
   return Node<Prim::view, dtype_of<A>, R2, ViewAttrs, A>{{a}, sizes, v};
 }
-template <Expr A, int R2>
-auto reshape(const A& a, Shape<R2> sizes) { return reshape_to<R2>(a, sizes); }
-template <Expr A, size_t N>
-auto reshape(const A& a, const std::array<int64_t, N>& sizes) { return reshape_to<int(N)>(a, sizes); }
 
 template <Expr A>
 auto permute(const A& a, std::array<int, rank_of<A>> perm) {
