@@ -433,8 +433,12 @@ int main(int argc, char** argv) {
             time_ms([&] { auto o = eval_eager(var_mean(x, -1)); }), bytes + R * 8.0,
             std::max(max_rel(vs, rv), max_rel(ms, rm)), kernel_count(Mode::fused, std::get<0>(var_mean(x, -1)), std::get<1>(var_mean(x, -1)))});
     auto both = [&] { auto [vv, mm] = var_mean(x, -1); return std::tuple{sum(x, -1), vv, mm}; };
+    auto [s3, v3, m3] = eval(both());
+    double err3 = std::max({max_rel(s3.slice(0, 0, 64).to_vector(), rs), max_rel(v3.slice(0, 0, 64).to_vector(), rv),
+                            max_rel(m3.slice(0, 0, 64).to_vector(), rm)});
+    auto [b0, b1, b2] = both();
     report({"W8 sum+var_mean f32", time_ms([&] { auto o = eval(both()); }), time_ms([&] { auto o = eval_eager(both()); }),
-            bytes + R * 12.0, 0, 0});
+            bytes + R * 12.0, err3, kernel_count(Mode::fused, b0, b1, b2)});
   }
   if (wanted("split")) {  // few long rows: sum over [4, 2^24] f32, split rows (several blocks per row, partials combined)
     int64_t R = 4, C = int64_t(1) << 24;
@@ -469,18 +473,22 @@ int main(int argc, char** argv) {
     Tensor<f32, 2> x2 = randn<f32>(Shape<2>{8192, C2}, 4), x8 = randn<f32>(Shape<2>{32768, 4096}, 8);
     Tensor<bf16, 2> x3 = cast<bf16>(randn<f32>(Shape<2>{16384, C3}, 5));
     Tensor<bf16, 1> w = cast<bf16>(randn<f32>(Shape<1>{C3}, 6)), b = cast<bf16>(randn<f32>(Shape<1>{C3}, 7));
-    std::printf("sweep: %% of copy by block size of block rows (0: kiln's choice)\n%-8s %8s %8s %8s %8s\n", "threads", "W2", "W3",
-                "W8 sum", "W8 vm");
-    for (int t : {0, 64, 128, 256, 512, 1024}) {
+    std::printf("sweep: %% of copy by the threads an SM keeps resident (launch bounds) and the block size of block rows "
+                "(0: kiln's choice)\n%-8s %-8s %8s %8s %8s %8s\n", "resident", "threads", "W2", "W3", "W8 sum", "W8 vm");
+    for (int resident : {0, 1280, 1536, 2048})
+    for (int t : {0, 128, 256, 512}) {
+      if (resident != 0 && t == 512) continue;
+      runtime::gpu_block_rows_resident() = resident;
       runtime::gpu_block_rows_threads() = t;
       auto pct = [&](double bytes, double ms) { return 100.0 * bytes / ms / 1e6 / copy_gbs; };
       double w2 = pct(2.0 * 8192 * C2 * 4, time_ms([&] { Tensor<f32, 2> o = softmax(x2, -1); }));
       double w3 = pct(2.0 * 16384 * C3 * 2, time_ms([&] { Tensor<bf16, 2> o = layer_norm(x3, w, b, 1e-5); }));
       double w8 = pct(32768.0 * 4096 * 4, time_ms([&] { Tensor<f32, 1> o = sum(x8, -1); }));
       double vm = pct(32768.0 * 4096 * 4, time_ms([&] { auto o = eval(var_mean(x8, -1)); }));
-      std::printf("%-8d %7.1f%% %7.1f%% %7.1f%% %7.1f%%\n", t, w2, w3, w8, vm);
+      std::printf("%-8d %-8d %7.1f%% %7.1f%% %7.1f%% %7.1f%%\n", resident, t, w2, w3, w8, vm);
       std::fflush(stdout);
     }
+    runtime::gpu_block_rows_resident() = 0;
     runtime::gpu_block_rows_threads() = 0;
     int64_t n = int64_t(1) << 26;
     Tensor<f32, 1> x = randn<f32>(Shape<1>{n}, 1), a = randn<f32>(Shape<1>{n}, 2), bb = randn<f32>(Shape<1>{n}, 3);

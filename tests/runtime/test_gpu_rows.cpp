@@ -12,7 +12,7 @@
 //   * host side (no GPU): the column form, block and grid each shape, dtype and view gets;
 //   * nvrtc / hiprtc (no GPU): which strategy each shape gets, and the programs
 //     compile for sm_80, sm_90, gfx90a (wave64) and gfx1030 (wave32);
-//   * gpu: the same numbers on kiln::cuda(0).
+//   * gpu: the same numbers on kiln::cuda(0); block rows under the residency override too.
 #include "../support/gpu_program.hpp"
 #include "../support/reference.hpp"
 
@@ -133,6 +133,33 @@ void check_softmax(Device d, int64_t rows, int64_t n) {
     for (int64_t j = 0; j < n; ++j) want.v[size_t(r * n + j)] = e.v[size_t(r * n + j)] / s;
   }
   check_close(y, want, Tol{1e-5, 1e-9}, "softmax [" + std::to_string(rows) + ", " + std::to_string(n) + "] on " + d.str());
+}
+
+// bf16 layer_norm over rows of n with weight and bias: one rounding of the output, relative
+// to |xhat * w| + |b| (the sum may cancel).
+void check_layer_norm(Device d, int64_t rows, int64_t n) {
+  KILN_TEST_RNG(rng);
+  auto x = input<bf16, 2>(rng, Shape<2>{rows, n});
+  auto w = input<bf16, 1>(rng, Shape<1>{n}, Layout::contiguous, {0.5, 1.5}), b = input<bf16, 1>(rng, Shape<1>{n});
+  Tensor<bf16, 2> y = layer_norm(on(d, x.t), on(d, w.t), on(d, b.t), 1e-5);
+  Array x_hat = ref::layer_norm(x.a, ref::map(w.a, [](double) { return 1.0; }), ref::map(b.a, [](double) { return 0.0; }), 1e-5);
+  Array scale = ref::zip3(x_hat, ref::expand(w.a, {rows, n}), ref::expand(b.a, {rows, n}),
+                          [](double v, double g, double c) { return std::fabs(v * g) + std::fabs(c); });
+  check_close(y, ref::layer_norm(x.a, w.a, b.a, 1e-5), tol<bf16>().scaled(2),
+              "layer_norm [" + std::to_string(rows) + ", " + std::to_string(n) + "] on " + d.str(), &scale);
+}
+
+// Block rows kept in registers with `resident` threads an SM promised by their launch
+// bounds (gpu_block_rows_resident; fewer registers a thread, spilled where they do not fit),
+// against float64: two passes and a store pass (softmax, layer_norm), a one-pass reduction.
+void check_block_rows_resident(Device d, int resident) {
+  CAPTURE(resident);
+  runtime::gpu_block_rows_resident() = resident;
+  check_softmax(d, 301, 8192);
+  check_layer_norm(d, 1001, 4096);
+  check_layer_norm(d, 77, 1000);
+  check_row_reductions(d, 300, 5000, Layout::contiguous);
+  runtime::gpu_block_rows_resident() = 0;
 }
 
 // A pointwise kernel over two dims that a bias keeps apart, (x + b) * s with b [n] along the
@@ -382,6 +409,11 @@ std::vector<std::string> strategy_programs(int warp) {
     CHECK(v[0].persist == 8);
     CHECK(src.find("KILN_LAUNCH_BOUNDS(" + std::to_string(v[0].threads) + ", ") != std::string::npos);
     CHECK(src.find("* kiln_recip(r") != std::string::npos);  // by the row's sum: one reciprocal, a product per element
+    // exp(x - max) computed once, in the sum's pass, and kept for the store pass
+    size_t exps = 0;
+    for (size_t p = src.find("= kiln_exp(v"); p != std::string::npos; p = src.find("= kiln_exp(v", p + 1)) ++exps;
+    CHECK(exps == 1);
+    CHECK(src.find("[k][u] = v") != std::string::npos);
     out.push_back(src);
   }
   {
@@ -395,6 +427,16 @@ std::vector<std::string> strategy_programs(int warp) {
     size_t loads = 0;
     for (size_t p = src.find("kiln_load_vec<"); p != std::string::npos; p = src.find("kiln_load_vec<", p + 1)) ++loads;
     CHECK(loads == 3);
+    out.push_back(src);
+  }
+  {  // the residency override: the launch bounds promise 1536 threads an SM
+    auto xb = Tensor<bf16, 2>::empty(Shape<2>{64, 4096}, cpu());
+    auto w = Tensor<bf16, 1>::empty(Shape<1>{4096}, cpu()), b = Tensor<bf16, 1>::empty(Shape<1>{4096}, cpu());
+    runtime::gpu_block_rows_resident() = 1536;
+    auto [src, v] = program(layer_norm(xb, w, b, 1e-5));
+    runtime::gpu_block_rows_resident() = 0;
+    CHECK(v[0].resident == 1536);
+    CHECK(src.find("KILN_LAUNCH_BOUNDS(128, 12)") != std::string::npos);
     out.push_back(src);
   }
   {
@@ -549,6 +591,14 @@ TEST_CASE("rows strategies on kiln::cuda(0) against float64") {
     return;
   }
   check_strategies(kiln::cuda(0));
+}
+
+TEST_CASE("block rows under the residency override on kiln::cuda(0) against float64") {
+  if (!runtime::CudaDeviceApi::present()) {
+    MESSAGE("no CUDA GPU: skipped");
+    return;
+  }
+  for (int resident : {1280, 2048}) check_block_rows_resident(kiln::cuda(0), resident);
 }
 
 }  // TEST_SUITE("gpu")

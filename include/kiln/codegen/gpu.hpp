@@ -54,6 +54,7 @@ struct GpuVariant {
   bool split = false; // block rows: several blocks per row, partials combined by the last one
   bool cols = false;  // one-pass rows reduced along a strided dim: a lane per V kept indices (columns)
   int threads = 256;  // block size; the kernel's launch bounds
+  int resident = 1024; // not matmul: threads an SM keeps resident (launch bounds: resident / threads blocks)
   GemmConfig gemm;       // matmul: tile shapes and kind
   GemmOperands gemm_ops; // matmul: which dim of A and B is contiguous
   // matmul (wgmma): interior tiles store 4 consecutive columns per access, each epilogue
@@ -92,12 +93,13 @@ class GpuKernelWriter {
                     (v_.split ? " kiln_u64 ws[" + std::to_string(kGpuSplitWords) + "];" : "") + " };\n";
     // NOTE: the bounds are the block size the host launches with (it is part of the variant). On
     // AMD that lifts the default bound of 1024 work-items, which caps each lane's registers as if
-    // 16 wavefronts shared a CU; on NVIDIA the blocks-per-SM hint keeps 1024 threads resident
-    // (GEMM tiles ask for none: their registers are the tile).
+    // 16 wavefronts shared a CU; on NVIDIA the blocks-per-SM hint keeps `resident` threads
+    // (1024 unless a benchmark's override says otherwise) resident (GEMM tiles ask for none:
+    // their registers are the tile).
     bool mm = k_.kind == sched::KernelKind::matmul;
     int threads = mm ? v_.gemm.threads() : v_.threads;
     s += "extern \"C\" __global__ void KILN_LAUNCH_BOUNDS(" + std::to_string(threads) + ", " +
-         std::to_string(mm ? 1 : std::max(1, 1024 / threads)) + ") " + name_ + "(const " + name_ + "_args args" +
+         std::to_string(mm ? 1 : std::max(1, v_.resident / threads)) + ") " + name_ + "(const " + name_ + "_args args" +
          (mm && v_.gemm.kind == GemmKind::wgmma
               ? ", const __grid_constant__ KilnTensorMap tma_a, const __grid_constant__ KilnTensorMap tma_b"
               : "") +
@@ -272,6 +274,49 @@ class GpuKernelWriter {
     }
   }
 
+  // The nodes a pass computes element by element from `roots`: not loads, scalars,
+  // reductions or values the same for the whole row.
+  std::vector<uint8_t> element_nodes(const ValueEmitter& ve, std::vector<int> roots) const {
+    std::vector<uint8_t> seen(g_.nodes.size(), 0);
+    while (!roots.empty()) {
+      int id = roots.back();
+      roots.pop_back();
+      if (seen[size_t(id)] || ve.slot_of(id, SlotRole::load) >= 0 || ve.param_of(id) >= 0 || ve.row_level(id)) continue;
+      seen[size_t(id)] = 1;
+      const ir::Node& n = g_.nodes[size_t(id)];
+      for (int a = 0; a < n.nargs; ++a) roots.push_back(g_.arg(n, a));
+    }
+    return seen;
+  }
+  // Rows in registers: per pass, the transcendental values (exp, log, erf, ...) it computes
+  // that a later pass needs again, kept a register each (C<id>[k][u]) instead of computed
+  // twice (softmax's exp(x - max): its sum's pass, then the store pass).
+  std::vector<std::vector<int>> carried_values(const ValueEmitter& ve, int passes) const {
+    std::vector<std::vector<int>> out(static_cast<size_t>(passes));
+    if (!v_.persist) return out;
+    std::vector<std::vector<uint8_t>> at;  // per pass, then the store pass
+    for (int p = 0; p <= passes; ++p) {
+      std::vector<int> roots;
+      for (size_t i = 0; i < k_.reduces.size(); ++i)
+        if (k_.reduce_level[i] == p) roots.push_back(g_.arg(g_.nodes[size_t(k_.reduces[i])], 0));
+      if (p == passes)
+        for (size_t i = 0; i < k_.stores.size(); ++i)
+          if (!k_.row_level_[i]) roots.push_back(k_.stores[i].value);
+      at.push_back(element_nodes(ve, roots));
+    }
+    std::vector<uint8_t> taken(g_.nodes.size(), 0);
+    for (int p = 0; p < passes; ++p)
+      for (size_t id = 0; id < g_.nodes.size(); ++id) {
+        Prim op = g_.nodes[id].op;
+        bool costly = op == Prim::exp || op == Prim::exp2 || op == Prim::log || op == Prim::log2 || op == Prim::sin ||
+                      op == Prim::cos || op == Prim::tanh || op == Prim::erf || op == Prim::pow;
+        if (!costly || taken[id] || !at[size_t(p)][id]) continue;
+        for (int q = p + 1; q <= passes && !taken[id]; ++q) taken[id] = at[size_t(q)][id];
+        if (taken[id]) out[size_t(p)].push_back(int(id));
+      }
+    return out;
+  }
+
   // Rows whose reduced extent is several dims (vec_rows): the V-chunks c = lo + lane * V,
   // c + step, ... of the flattened extent, each within one row of the innermost dim (whose
   // size is whole chunks; lo and hi are chunk bounds), so no scalar tail. A cursor (ir, jc):
@@ -343,12 +388,13 @@ class GpuKernelWriter {
            ", lo = part * span, hi = lo + span < irows * inner ? lo + span : irows * inner;\n";
     else
       s += "  const int64_t lo = 0, hi = irows * inner;\n";
+    const std::string P = std::to_string(v_.persist);
     s += offsets("r", "0", "no", "o", "  ");
     if (v_.persist) {  // load the row once
       s += bases("  ", "o#");
       for (size_t i = 0; i < l_.slots.size(); ++i) {
         if (!kept(int(i))) continue;
-        std::string si = std::to_string(i), P = std::to_string(v_.persist);
+        std::string si = std::to_string(i);
         s += "  alignas(16) " + stype(int(i)) + " L" + si + "[" + P + "][" + V + "];\n";
         s += "#pragma unroll\n  for (int k = 0; k < " + P + "; ++k) {\n    const int64_t j = ((int64_t)lane + (int64_t)k * gsize) * " + V +
              ";\n    if (j < inner) kiln_load_vec<" + V + ">(L" + si + "[k], q" + si + " + j);\n  }\n";
@@ -397,6 +443,7 @@ class GpuKernelWriter {
       }
       return t;
     };
+    const std::vector<std::vector<int>> carried = carried_values(ve, passes);
     for (int p = 0; p < passes; ++p) {
       std::vector<size_t> mine;
       for (size_t i = 0; i < k_.reduces.size(); ++i)
@@ -404,13 +451,17 @@ class GpuKernelWriter {
       auto upd = [&](const std::string& ind, bool vec) {
         std::string body, tail;
         auto saved = ve.save();
+        auto vl = [&](int x) { return vload(x); };
+        auto vi = [&](int x) { return vindex(x); };
         for (size_t i : mine) {
           int id = k_.reduces[i];
           const ir::Node& n = g_.nodes[size_t(id)];
-          std::string v = vec ? ve.value(g_.arg(n, 0), body, ind, [&](int x) { return vload(x); }, [&](int x) { return vindex(x); })
+          std::string v = vec ? ve.value(g_.arg(n, 0), body, ind, vl, vi)
                               : ve.value(g_.arg(n, 0), body, ind, [&](int x) { return load(x); }, [&](int x) { return index(x); });
           tail += ind + "a" + std::to_string(id) + " = " + op_name(n.op) + "()(a" + std::to_string(id) + ", " + v + ");\n";
         }
+        for (int id : carried[size_t(p)])
+          if (vec) tail += ind + "C" + std::to_string(id) + "[k][u] = " + ve.value(id, body, ind, vl, vi) + ";\n";
         ve.restore(saved);
         return body + tail;
       };
@@ -419,6 +470,8 @@ class GpuKernelWriter {
         const ir::Node& n = g_.nodes[size_t(id)];
         s += "  " + compute_type(n.dtype) + " a" + std::to_string(id) + " = " + ident(n) + ";\n";
       }
+      for (int id : carried[size_t(p)])
+        s += "  " + compute_type(g_.nodes[size_t(id)].dtype) + " C" + std::to_string(id) + "[" + P + "][" + V + "];\n";
       auto vec_body = [&] {
         used_.assign(l_.slots.size(), 0);
         std::string u = "#pragma unroll\n        for (int u = 0; u < " + V + "; ++u) {\n" + upd("          ", true) + "        }\n";
@@ -434,6 +487,7 @@ class GpuKernelWriter {
                         : "kiln_block_reduce<" + std::to_string(sites_++) + ">(" + a + ", " + op_name(n.op) + "(), " + ident(n) + ")") + ";\n";
         ve.bind(id, "r" + std::to_string(id));
       }
+      for (int id : carried[size_t(p)]) ve.bind(id, "C" + std::to_string(id) + "[k][u]");
       if (v_.split) s += combine_split(mine);
     }
     bool any_full = false;
@@ -443,7 +497,8 @@ class GpuKernelWriter {
       s += "  {\n" + row_loop(element(ve, v_.vec ? "          " : "      ", full, false), [&] { return element(ve, "        ", full, true); }) + "  }\n";
     s += "  if (lane == 0 && live) {\n" + bases("    ", "o#") + "    const int64_t j = 0; (void)j;\n";
     s += element(ve, "    ", [&](size_t i) { return bool(k_.row_level_[i]); }, false);
-    return s + "  }\n";
+    s += "  }\n";
+    return s;
   }
   // Column rows: the one reduced dim nd - 1 strided, the kept dims 0 .. no - 1 with the last
   // contiguous. A thread holds V consecutive columns (with V > 1 one 16-byte load per row and

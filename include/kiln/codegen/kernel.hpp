@@ -101,6 +101,8 @@ class ValueEmitter {
       row_value_[id] = all;
     }
   }
+  // After reciprocal_of_row_values: whether node id is the same for the whole row.
+  bool row_level(int id) const { return !row_value_.empty() && row_value_[size_t(id)]; }
   // Scopes nest: values of an outer scope stay visible in inner ones.
   std::unordered_map<int, std::string> save() const { return names_; }
   void restore(std::unordered_map<int, std::string> names) { names_ = std::move(names); }

@@ -113,6 +113,14 @@ inline std::atomic<int>& gpu_block_rows_threads() {
   return threads;
 }
 
+// Tuning override: the threads an SM keeps resident for block-per-row kernels, which their
+// launch bounds promise (0: kiln's choice, 1024: at most 64 registers a thread; more
+// threads, fewer registers). A benchmark sweeps it; each value is its own compiled variant.
+inline std::atomic<int>& gpu_block_rows_resident() {
+  static std::atomic<int> threads{0};
+  return threads;
+}
+
 // Tuning override: at most this many blocks per multiprocessor in pointwise kernels'
 // grid-stride loop (0: kiln's choice, no cap: a thread per V-chunk, the loop runs once;
 // on an H200 that reached 100.5% of copy on W1 where 16 blocks per SM reached 94.2%).
@@ -337,11 +345,12 @@ inline codegen::GpuVariant gpu_variant(const ir::Graph& g, const sched::Kernel& 
     while (t < 1024 && int64_t(t) * 4 < chunks && !(t >= 256 && int64_t(t) * 8 >= chunks)) t *= 2;
     if (int forced = gpu_block_rows_threads().load(std::memory_order_relaxed); forced > 0) t = forced;
     v.threads = t;
+    if (int resident = gpu_block_rows_resident().load(std::memory_order_relaxed); resident > 0) v.resident = resident;
     int64_t p = (chunks + t - 1) / t;
     if (v.vec && !v.vec_rows && per_row % v.vec == 0 && p <= 8) v.persist = int(p);  // registers of one innermost dim
     // Few long rows of a one-pass reduction: several blocks per row.
     if (one_pass_rows(k) && gpu_split_count(outer, per_row, 256, v.vec, sm_count) > 1) {
-      v.split = true, v.persist = 0, v.threads = 256;
+      v.split = true, v.persist = 0, v.threads = 256, v.resident = 1024;
     }
   }
   return v;
@@ -431,7 +440,7 @@ inline std::string variant_text(const sched::Kernel& k, const codegen::GpuVarian
   std::string s = v.cols ? "cols" : v.split ? "split" : v.group ? "group " + std::to_string(v.group) : "";
   if (v.persist) s += " persist " + std::to_string(v.persist);
   if (v.vec) s += " vec " + std::to_string(v.vec) + (v.vec_rows ? " in rows" : "");
-  return s + " threads " + std::to_string(v.threads);
+  return s + " threads " + std::to_string(v.threads) + (v.resident != 1024 ? " resident " + std::to_string(v.resident) : "");
 }
 
 // One call of a plan on a GPU: each kernel's bound arguments and variant, and
@@ -448,8 +457,9 @@ inline Hash128 variant_key(const std::vector<codegen::GpuVariant>& vars) {
   for (const codegen::GpuVariant& v : vars) {
     if (!v.strides.empty()) vh.add(v.strides.data(), v.strides.size());
     const codegen::GemmConfig& gc = v.gemm;
-    int32_t w[19] = {v.vec, v.group, v.persist, v.split, v.threads, int(gc.kind), gc.bm, gc.bn, gc.bk, gc.wm, gc.wn, gc.stages,
-                     gc.persistent, gc.split_epilogue, v.gemm_ops.a_k_major, v.gemm_ops.b_k_major, v.cols, v.epilogue_vec, v.vec_rows};
+    int32_t w[20] = {v.vec, v.group, v.persist, v.split, v.threads, int(gc.kind), gc.bm, gc.bn, gc.bk, gc.wm, gc.wn, gc.stages,
+                     gc.persistent, gc.split_epilogue, v.gemm_ops.a_k_major, v.gemm_ops.b_k_major, v.cols, v.epilogue_vec, v.vec_rows,
+                     v.resident};
     vh.add(w, sizeof w);
   }
   return vh.digest();
@@ -474,7 +484,7 @@ inline GpuCall gpu_call(const ir::Graph& g, const CompiledPlan& cp, const Bound&
 
 // Everything of a call that gpu_variant reads besides the plan and the device: each
 // kernel's meta (sizes, strides), stride classes and pointer alignments, and the
-// block-size override. Two calls with equal inputs get the same variants.
+// rows overrides. Two calls with equal inputs get the same variants.
 inline void variant_inputs(const std::vector<KernelArgs>& args, std::vector<int64_t>& out) {
   out.clear();
   for (const KernelArgs& a : args) {
@@ -484,6 +494,7 @@ inline void variant_inputs(const std::vector<KernelArgs>& args, std::vector<int6
     for (void* p : a.ptrs) out.push_back(int64_t(reinterpret_cast<uintptr_t>(p) % 32));  // 32: an f64 epilogue group (vector_epilogue)
   }
   out.push_back(gpu_block_rows_threads().load(std::memory_order_relaxed));
+  out.push_back(gpu_block_rows_resident().load(std::memory_order_relaxed));
 }
 
 // What a device API policy derives from: the device kind it serves and the

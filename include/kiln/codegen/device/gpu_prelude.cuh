@@ -143,6 +143,16 @@ KILN_FN uint16_t kiln_f32_to_f16(float f) {
 #endif
 }
 
+// One 16-byte store. NOTE: CUDA through __stwb: NVVM split a plain uint4 store from a local
+// array of 16-bit elements into four 4-byte stores (two of W3's four chunks a thread).
+KILN_FN void kiln_store16(uint4* p, uint4 v) {
+#ifdef KILN_HIP
+  *p = v;
+#else
+  __stwb(p, v);
+#endif
+}
+
 // W consecutive elements as one aligned access (8 bf16 or 4 f32: 16 bytes; 4 bf16: 8):
 // a GEMM epilogue's vector loads and stores (the host checked the alignment).
 template <class T, int W> struct alignas(sizeof(T) * W) kiln_vec { T v[W]; };
@@ -165,7 +175,7 @@ template <class T, int W> KILN_FN void kiln_vec_store(T* p, const kiln_vec<T, W>
   else if constexpr (bytes == 8) *(uint2*)p = *(const uint2*)&r;
   else
 #pragma unroll
-    for (int k = 0; k < bytes / 16; ++k) ((uint4*)p)[k] = ((const uint4*)&r)[k];
+    for (int k = 0; k < bytes / 16; ++k) kiln_store16((uint4*)p + k, ((const uint4*)&r)[k]);
 }
 
 // Loads and stores of V consecutive elements as 16-byte transactions (the caller
@@ -177,7 +187,7 @@ template <int V, class T> KILN_FN void kiln_load_vec(T* dst, const T* src) {
 }
 template <int V, class T> KILN_FN void kiln_store_vec(T* dst, const T* src) {
 #pragma unroll
-  for (int k = 0; k < (int)(V * sizeof(T) / 16); ++k) ((uint4*)dst)[k] = ((const uint4*)src)[k];
+  for (int k = 0; k < (int)(V * sizeof(T) / 16); ++k) kiln_store16((uint4*)dst + k, ((const uint4*)src)[k]);
 }
 
 // A load past the multiprocessor's non-coherent L1: what other blocks wrote (and fenced)
