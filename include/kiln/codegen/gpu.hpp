@@ -497,8 +497,7 @@ class GpuKernelWriter {
       s += "  {\n" + row_loop(element(ve, v_.vec ? "          " : "      ", full, false), [&] { return element(ve, "        ", full, true); }) + "  }\n";
     s += "  if (lane == 0 && live) {\n" + bases("    ", "o#") + "    const int64_t j = 0; (void)j;\n";
     s += element(ve, "    ", [&](size_t i) { return bool(k_.row_level_[i]); }, false);
-    s += "  }\n";
-    return s;
+    return s + "  }\n";
   }
   // Column rows: the one reduced dim nd - 1 strided, the kept dims 0 .. no - 1 with the last
   // contiguous. A thread holds V consecutive columns (with V > 1 one 16-byte load per row and
