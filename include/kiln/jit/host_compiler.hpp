@@ -54,9 +54,16 @@ namespace kiln::jit {
 //   -std=c++17             generated source needs no more; older compilers accept it
 //   -fno-math-errno        lets sqrt/exp vectorise (no errno side effect)
 //   -ffp-contract=fast     fused multiply-add where the hardware has it
+//   -mprefer-vector-width=512 (x86-64) full-width AVX-512 where the machine has it: GCC
+//                          otherwise keeps to 256 bits (on this 2-core AVX-512 EPYC, one
+//                          thread: W3 f32 3.99 -> 3.38 ms, W8 3.67 -> 3.05, W2 5.15 -> 4.22)
 // NOTE: no -ffast-math: kernels must keep NaN/Inf semantics to match eager mode.
 inline constexpr std::string_view kHostCxxFlags =
+#if defined(__x86_64__)
+    "-O3 -march=native -mprefer-vector-width=512 -fPIC -shared -fopenmp -std=c++17 -fno-math-errno -ffp-contract=fast";
+#else
     "-O3 -march=native -fPIC -shared -fopenmp -std=c++17 -fno-math-errno -ffp-contract=fast";
+#endif
 
 // A loaded shared object. dlclose on destruction.
 // NOTE: dlopen of a path already loaded returns the same handle (refcounted), so
