@@ -10,7 +10,6 @@
 // (matmul: [nd, K, sizes[nd], strides[nslots][nd]], slots 0 and 1 its operands).
 #pragma once
 #include <algorithm>
-#include <functional>
 #include <string>
 
 #include "kiln/codegen/device_files.hpp"
@@ -117,38 +116,31 @@ class CppKernelWriter {
   }
 
   // The values that `roots` read which are the same at every element of a loop (scalars, a
-  // row's reductions from earlier passes, arithmetic on them), as statements at `indent`
-  // before it, named in `ve` for the loop's body. NOTE: in a row's lambda GCC did not hoist
-  // a scalar read through the captured A out of an `omp simd` reduction loop: it gathered
-  // A[0] at every step (var_mean's second pass, 3x slower than Eigen per core).
-  std::string loop_invariants(ValueEmitter& ve, const std::vector<int>& roots, const std::string& indent) const {
-    std::vector<uint8_t> state(g_.nodes.size(), 0);  // 1: invariant, 2: not
-    std::vector<int> order;                          // invariant nodes, arguments first
-    std::function<bool(int)> visit = [&](int id) {
-      if (state[size_t(id)]) return state[size_t(id)] == 1;
+  // row's reductions from earlier passes, arithmetic on them: ve.row_level), as statements
+  // at `indent` before it, named in `ve` for the loop's body. NOTE: in a row's lambda GCC
+  // did not hoist a scalar read through the captured A out of an `omp simd` reduction loop:
+  // it gathered A[0] at every step (var_mean's second pass, 3x slower than Eigen per core).
+  std::string loop_invariants(ValueEmitter& ve, std::vector<int> roots, const std::string& indent) const {
+    std::vector<uint8_t> needed(g_.nodes.size(), 0);
+    while (!roots.empty()) {
+      int id = roots.back();
+      roots.pop_back();
+      if (needed[size_t(id)] || ve.slot_of(id, SlotRole::load) >= 0) continue;
+      needed[size_t(id)] = 1;
+      if (std::find(k_.reduces.begin(), k_.reduces.end(), id) != k_.reduces.end()) continue;  // bound to r<id>
       const ir::Node& n = g_.nodes[size_t(id)];
-      bool invariant = false;
-      if (ve.slot_of(id, SlotRole::load) >= 0) invariant = false;
-      else if (ve.param_of(id) >= 0) invariant = n.op != Prim::rand && n.op != Prim::iota;
-      else if (std::find(k_.reduces.begin(), k_.reduces.end(), id) != k_.reduces.end()) invariant = true;
-      else if ((is_pointwise(n.op) || n.op == Prim::cast) && n.nargs > 0) {
-        invariant = true;
-        for (int a = 0; a < n.nargs; ++a) invariant = visit(g_.arg(n, a)) && invariant;
-      }
-      state[size_t(id)] = invariant ? 1 : 2;
-      if (invariant) order.push_back(id);
-      return invariant;
-    };
-    for (int r : roots) visit(r);
+      for (int a = 0; a < n.nargs; ++a) roots.push_back(g_.arg(n, a));
+    }
     std::string out;
     auto none = [](int) -> std::string { throw Error("kiln: internal error: a loop invariant reads an element"); };
-    for (int id : order)
-      if (std::find(k_.reduces.begin(), k_.reduces.end(), id) == k_.reduces.end()) ve.value(id, out, indent, none, none);
+    for (size_t id = 0; id < g_.nodes.size(); ++id)  // post-order: arguments first
+      if (needed[id] && ve.row_level(int(id))) ve.value(int(id), out, indent, none, none);
     return out;
   }
 
   std::string pointwise() {
     ValueEmitter ve(g_, k_, l_);
+    ve.find_row_values();
     std::string s;
     s += "  const int64_t inner = nd ? sz[nd - 1] : 1;\n  int64_t rows = 1;\n  for (int d = 0; d + 1 < nd; ++d) rows *= sz[d];\n";
     s += "  if (inner == 0 || rows == 0) return;\n";
@@ -183,6 +175,7 @@ class CppKernelWriter {
 
   std::string rows() {
     ValueEmitter ve(g_, k_, l_);
+    ve.find_row_values();
     std::string s;
     int passes = 0;
     for (int lvl : k_.reduce_level) passes = std::max(passes, lvl + 1);

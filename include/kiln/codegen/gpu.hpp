@@ -460,8 +460,8 @@ class GpuKernelWriter {
                               : ve.value(g_.arg(n, 0), body, ind, [&](int x) { return load(x); }, [&](int x) { return index(x); });
           tail += ind + "a" + std::to_string(id) + " = " + op_name(n.op) + "()(a" + std::to_string(id) + ", " + v + ");\n";
         }
-        for (int id : carried[size_t(p)])
-          if (vec) tail += ind + "C" + std::to_string(id) + "[k][u] = " + ve.value(id, body, ind, vl, vi) + ";\n";
+        if (vec)
+          for (int id : carried[size_t(p)]) tail += ind + "C" + std::to_string(id) + "[k][u] = " + ve.value(id, body, ind, vl, vi) + ";\n";
         ve.restore(saved);
         return body + tail;
       };

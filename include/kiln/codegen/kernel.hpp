@@ -87,6 +87,12 @@ class ValueEmitter {
   // differ from the quotient by an ulp (and a divisor below about 3e-38 in f32 makes the
   // reciprocal infinite). The GPU rows kernels ask for it.
   void reciprocal_of_row_values() {
+    find_row_values();
+    by_reciprocal_ = true;
+  }
+  // Marks the values the same for the whole row (reductions, scalars, arithmetic on them):
+  // row_level() then answers.
+  void find_row_values() {
     row_value_.assign(g_.nodes.size(), 0);
     for (int r : k_.reduces) row_value_[size_t(r)] = 1;
     for (size_t id = 0; id < g_.nodes.size(); ++id) {  // post-order: arguments first
@@ -101,7 +107,7 @@ class ValueEmitter {
       row_value_[id] = all;
     }
   }
-  // After reciprocal_of_row_values: whether node id is the same for the whole row.
+  // After find_row_values: whether node id is the same for the whole row.
   bool row_level(int id) const { return !row_value_.empty() && row_value_[size_t(id)]; }
   // Scopes nest: values of an outer scope stay visible in inner ones.
   std::unordered_map<int, std::string> save() const { return names_; }
@@ -136,13 +142,14 @@ class ValueEmitter {
   const sched::Kernel& k_;
   const Layout& l_;
   std::unordered_map<int, std::string> names_;
-  std::vector<uint8_t> row_value_;  // reciprocal_of_row_values: per node, the same for the whole row
+  std::vector<uint8_t> row_value_;  // find_row_values: per node, the same for the whole row
+  bool by_reciprocal_ = false;      // reciprocal_of_row_values
 
   bool by_reciprocal(const ir::Node& n) const {
     DType d = n.dtype;
     bool floating = d == DType::f32 || d == DType::f64 || d == DType::f16 || d == DType::bf16;
     // NOTE: a row's own value divided (a variance by its count, say) stays a quotient: it is computed once anyway.
-    return floating && !row_value_.empty() && row_value_[size_t(g_.arg(n, 1))] && !row_value_[size_t(g_.arg(n, 0))];
+    return floating && by_reciprocal_ && row_value_[size_t(g_.arg(n, 1))] && !row_value_[size_t(g_.arg(n, 0))];
   }
 };
 
