@@ -7,14 +7,14 @@ torch.compile, and achieved GB/s against the copy ceiling measured by kiln; for 
 W4 training step (torch_anchor.py group G3), TFLOP/s and the error against float64
 of kiln and of torch.compile.
 
-usage: compare_torch.py kiln.jsonl [torch/results.jsonl] [torch_gemm.jsonl]
+usage: compare_torch.py kiln.jsonl [torch/results.jsonl] [torch_gemm.jsonl] [torch_rows.jsonl]
 """
 import json
 import sys
 
 NAMES = {"W1 gelu chain f32": "W1", "W2 softmax f32": "W2", "W3 layer_norm bf16": "W3",
          "W8 sum f32": "W8a", "W8 var_mean f32": "W8b", "W8 sum+var_mean f32": "W8c", "W7 small MLP f32": "W7",
-         "W4 MLP step bf16": "W4"}
+         "W4 MLP step bf16": "W4", "softmax f32 [2048,65536] long rows": "softmax_long"}
 
 
 def load(path):

@@ -135,6 +135,41 @@ void check_softmax(Device d, int64_t rows, int64_t n) {
   check_close(y, want, Tol{1e-5, 1e-9}, "softmax [" + std::to_string(rows) + ", " + std::to_string(n) + "] on " + d.str());
 }
 
+// softmax and log_softmax over rows of n whose values a one-pass (online) sum must rescale
+// for, against float64: a max that grows at every element, one that falls, -inf entries
+// (a mask), a row all -inf (NaN, as two passes give), magnitudes whose exp overflows f32
+// without the max, the max at the row's end; the rest random.
+void check_softmax_special(Device d, int64_t n) {
+  KILN_TEST_RNG(rng);
+  const int64_t rows = 7;
+  Array a = random_array(rng, DType::f32, Dims{rows, n});
+  auto at = [&](int64_t r, int64_t j) -> double& { return a.v[size_t(r * n + j)]; };
+  for (int64_t j = 0; j < n; ++j) {
+    at(0, j) = round_to(DType::f32, double(j) * 0.01);
+    at(1, j) = round_to(DType::f32, -double(j) * 0.01);
+    if (j % 3 == 1) at(2, j) = -INFINITY;
+    at(3, j) = -INFINITY;
+    at(4, j) = round_to(DType::f32, at(4, j) * 100 + 5000);
+  }
+  at(5, n - 1) = 50;
+  Array soft = a, logsoft = a, log_scale = a;
+  for (int64_t r = 0; r < rows; ++r) {
+    double mx = -INFINITY, s = 0;
+    for (int64_t j = 0; j < n; ++j) mx = std::max(mx, at(r, j));
+    for (int64_t j = 0; j < n; ++j) s += std::exp(at(r, j) - mx);
+    for (int64_t j = 0; j < n; ++j) {
+      size_t i = size_t(r * n + j);
+      soft.v[i] = std::exp(at(r, j) - mx) / s;
+      logsoft.v[i] = (at(r, j) - mx) - std::log(s);
+      log_scale.v[i] = std::fabs(at(r, j) - mx) + std::fabs(std::log(s));  // a difference of two rounded terms
+    }
+  }
+  auto x = on(d, make_tensor<f32, 2>(a));
+  std::string what = "[" + std::to_string(rows) + ", " + std::to_string(n) + "] on " + d.str();
+  check_close(Tensor<f32, 2>(softmax(x, -1)), soft, Tol{1e-5, 1e-9}, "softmax, special rows " + what);
+  check_close(Tensor<f32, 2>(log_softmax(x, -1)), logsoft, Tol{1e-5, 1e-9}, "log_softmax, special rows " + what, &log_scale);
+}
+
 // bf16 layer_norm over rows of n with weight and bias: one rounding of the output, relative
 // to |xhat * w| + |b| (the sum may cancel).
 void check_layer_norm(Device d, int64_t rows, int64_t n) {
@@ -340,6 +375,9 @@ void check_strategies(Device d) {
   check_row_reductions(d, 9, 700, Layout::contiguous);
   // 40000: a block per row too long to keep (batches of 16-byte loads, a store pass).
   for (int64_t n : {7, 100, 1000, 8192, 12000, 40000}) check_softmax(d, 5, n);
+  // Online sums (rows read from memory each pass: several rows per warp, a warp per row, a
+  // block per row too long to keep) and rows in registers (8192).
+  for (int64_t n : {1, 100, 700, 8192, 40000}) check_softmax_special(d, n);
   // Column rows: each form in each float dtype; f64 (2-wide chunks) and i32 (exact) in two.
   // NOTE: the other dtypes only on a GPU: on the CPU they test no column kernel, and their
   // plans' compiles would cost CI tens of seconds.
@@ -443,6 +481,22 @@ std::vector<std::string> strategy_programs(int warp) {
     auto [src, v] = program(softmax(x(4, int64_t(1) << 20), -1));  // two passes: never split
     CHECK(!v[0].split);
     CHECK(v[0].group == 0);
+    CHECK(v[0].persist == 0);
+    // one-pass online softmax: the max and the sum in one pass over the row, then the stores
+    CHECK(src.find("= kiln_online_sum(a") != std::string::npos);
+    CHECK(src.find("kiln_online_rescale(a") != std::string::npos);
+    size_t passes = 0;
+    for (size_t p = src.find("for (; j0 + 3 * step"); p != std::string::npos; p = src.find("for (; j0 + 3 * step", p + 1)) ++passes;
+    CHECK(passes == 2);
+    out.push_back(src);
+  }
+  {
+    auto [src, v] = program(log_softmax(x(9, 700), -1), softmax(x(65, 100), -1));  // a warp per row; 8 lanes per row
+    REQUIRE(v.size() == 2);
+    CHECK(v[0].group == warp);
+    size_t online = 0;
+    for (size_t p = src.find("= kiln_online_sum(a"); p != std::string::npos; p = src.find("= kiln_online_sum(a", p + 1)) ++online;
+    CHECK(online >= 2);
     out.push_back(src);
   }
   return out;

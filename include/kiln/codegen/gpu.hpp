@@ -288,6 +288,42 @@ class GpuKernelWriter {
     }
     return seen;
   }
+  // One-pass online softmax for rows read from memory each pass: a sum of exp(e - M), with M
+  // the row max of the same e one pass before, moves into M's pass (a running sum rescaled
+  // when the running max grows), so the row is read twice (max and sum, then the stores),
+  // not three times. Sets level_ (the pass of each reduction) and online_ (per reduction:
+  // the index of the max its online sum goes with, or -1). Rows kept in registers and split
+  // rows keep the two passes (nothing to save; the split combine is of plain partials).
+  void find_online_sums() {
+    level_ = k_.reduce_level;
+    online_.assign(k_.reduces.size(), -1);
+    if (v_.persist || v_.split) return;
+    auto index = [&](int id) { return int(std::find(k_.reduces.begin(), k_.reduces.end(), id) - k_.reduces.begin()); };
+    auto through_expand = [&](int id) {
+      while (g_.nodes[size_t(id)].op == Prim::expand) id = g_.arg(g_.nodes[size_t(id)], 0);
+      return id;
+    };
+    for (size_t i = 0; i < k_.reduces.size(); ++i) {
+      const ir::Node& sum = g_.nodes[size_t(k_.reduces[i])];
+      if (sum.op != Prim::sum || !info(sum.dtype).is_float) continue;
+      const ir::Node& e = g_.nodes[size_t(g_.arg(sum, 0))];
+      if (e.op != Prim::exp || e.dtype != sum.dtype) continue;
+      const ir::Node& d = g_.nodes[size_t(g_.arg(e, 0))];
+      if (d.op != Prim::sub) continue;
+      int j = index(through_expand(g_.arg(d, 1)));
+      if (j == int(k_.reduces.size())) continue;
+      const ir::Node& max = g_.nodes[size_t(k_.reduces[size_t(j)])];
+      if (max.op != Prim::amax || max.dtype != sum.dtype || g_.arg(max, 0) != g_.arg(d, 0) || level_[size_t(j)] + 1 != level_[i]) continue;
+      online_[i] = j;
+    }
+    for (size_t i = 0; i < k_.reduces.size(); ++i) {
+      if (online_[i] < 0) continue;
+      int from = level_[i];
+      level_[i] = level_[size_t(online_[i])];
+      if (std::find(level_.begin(), level_.end(), from) == level_.end())  // its pass is empty now
+        for (int& l : level_) l -= l > from;
+    }
+  }
   // Rows in registers: per pass, the transcendental values (exp, log, erf, ...) it computes
   // that a later pass needs again, kept a register each (C<id>[k][u]) instead of computed
   // twice (softmax's exp(x - max): its sum's pass, then the store pass).
@@ -298,7 +334,7 @@ class GpuKernelWriter {
     for (int p = 0; p <= passes; ++p) {
       std::vector<int> roots;
       for (size_t i = 0; i < k_.reduces.size(); ++i)
-        if (k_.reduce_level[i] == p) roots.push_back(g_.arg(g_.nodes[size_t(k_.reduces[i])], 0));
+        if (level_[i] == p) roots.push_back(g_.arg(g_.nodes[size_t(k_.reduces[i])], 0));
       if (p == passes)
         for (size_t i = 0; i < k_.stores.size(); ++i)
           if (!k_.row_level_[i]) roots.push_back(k_.stores[i].value);
@@ -363,10 +399,11 @@ class GpuKernelWriter {
   std::string rows() {
     if (v_.cols) return cols();
     find_kept();
+    find_online_sums();
     ValueEmitter ve(g_, k_, l_);
     ve.reciprocal_of_row_values();
     int passes = 0;
-    for (int lvl : k_.reduce_level) passes = std::max(passes, lvl + 1);
+    for (int lvl : level_) passes = std::max(passes, lvl + 1);
     std::string s;
     std::string V = std::to_string(v_.vec ? v_.vec : 1), G = std::to_string(v_.group);
     s += "  int64_t outer = 1, irows = 1;\n  for (int d = 0; d < no; ++d) outer *= sz[d];\n  for (int d = no; d + 1 < nd; ++d) irows *= sz[d];\n";
@@ -447,19 +484,26 @@ class GpuKernelWriter {
     for (int p = 0; p < passes; ++p) {
       std::vector<size_t> mine;
       for (size_t i = 0; i < k_.reduces.size(); ++i)
-        if (k_.reduce_level[i] == p) mine.push_back(i);
+        if (level_[i] == p) mine.push_back(i);
       auto upd = [&](const std::string& ind, bool vec) {
-        std::string body, tail;
+        std::string body, tail, online;
         auto saved = ve.save();
         auto vl = [&](int x) { return vload(x); };
         auto vi = [&](int x) { return vindex(x); };
         for (size_t i : mine) {
           int id = k_.reduces[i];
           const ir::Node& n = g_.nodes[size_t(id)];
-          std::string v = vec ? ve.value(g_.arg(n, 0), body, ind, vl, vi)
-                              : ve.value(g_.arg(n, 0), body, ind, [&](int x) { return load(x); }, [&](int x) { return index(x); });
-          tail += ind + "a" + std::to_string(id) + " = " + op_name(n.op) + "()(a" + std::to_string(id) + ", " + v + ");\n";
+          // An online sum folds in the value its max reads (e of exp(e - max)), before the max's own update.
+          int arg = online_[i] < 0 ? g_.arg(n, 0) : g_.arg(g_.nodes[size_t(g_.arg(g_.nodes[size_t(g_.arg(n, 0))], 0))], 0);
+          std::string v = vec ? ve.value(arg, body, ind, vl, vi)
+                              : ve.value(arg, body, ind, [&](int x) { return load(x); }, [&](int x) { return index(x); });
+          std::string a = "a" + std::to_string(id);
+          if (online_[i] >= 0)
+            online += ind + a + " = kiln_online_sum(" + a + ", a" + std::to_string(k_.reduces[size_t(online_[i])]) + ", " + v + ");\n";
+          else
+            tail += ind + a + " = " + op_name(n.op) + "()(" + a + ", " + v + ");\n";
         }
+        tail = online + tail;
         if (vec)
           for (int id : carried[size_t(p)]) tail += ind + "C" + std::to_string(id) + "[k][u] = " + ve.value(id, body, ind, vl, vi) + ";\n";
         ve.restore(saved);
@@ -482,6 +526,9 @@ class GpuKernelWriter {
         int id = k_.reduces[i];
         const ir::Node& n = g_.nodes[size_t(id)];
         std::string a = "a" + std::to_string(id);
+        if (online_[i] >= 0)  // the lane's sum relative to the row's max (reduced first: reductions are in post-order)
+          a = "kiln_online_rescale(" + a + ", a" + std::to_string(k_.reduces[size_t(online_[i])]) + ", r" +
+              std::to_string(k_.reduces[size_t(online_[i])]) + ")";
         s += "  " + std::string(v_.split ? "" : "const ") + compute_type(n.dtype) + " r" + std::to_string(id) + " = " +
              (v_.group ? "kiln_group_reduce<" + G + ">(" + a + ", " + op_name(n.op) + "())"
                         : "kiln_block_reduce<" + std::to_string(sites_++) + ">(" + a + ", " + op_name(n.op) + "(), " + ident(n) + ")") + ";\n";
@@ -681,6 +728,8 @@ class GpuKernelWriter {
   const GpuVariant& v_;
   std::string name_;
   std::vector<uint8_t> kept_;
+  std::vector<int> level_;   // rows: the pass of each reduction (find_online_sums)
+  std::vector<int> online_;  // rows: per reduction, the index of the max of its online sum, or -1
   std::vector<uint8_t> used_;  // slots read by the statements generated last (vload)
   bool batched_ = false;       // vector statements for chunk k of a loaded batch: L<i>[k][u]
   int sites_ = 0;              // block reductions so far (each its own shared array)

@@ -202,6 +202,18 @@ template <class T> KILN_FN T kiln_load_coherent(const T* p) {
 
 // Reductions across a warp, then across a block through shared memory.
 struct KilnSum { template <class T> KILN_FN T operator()(T a, T b) const { return a + b; } };
+// Online softmax: a row's max and sum(exp(x - max)) in one pass. s is the sum so far
+// relative to the running max m; a value above m rescales it. Both -inf (nothing finite
+// yet) adds exp(0) relative to -inf, which the first finite max scales to 0; NaN and
+// +inf give NaN as the two-pass sum does.
+template <class T> KILN_FN T kiln_online_sum(T s, T m, T v) {
+  if (v > m) s *= kiln_exp(m - v), m = v;
+  return s + kiln_exp(v == m && m == (T)(-INFINITY) ? (T)0 : v - m);
+}
+// A lane's online sum relative to the row's max `total` (all -inf: left as it is).
+template <class T> KILN_FN T kiln_online_rescale(T s, T m, T total) {
+  return total == (T)(-INFINITY) ? s : s * kiln_exp(m - total);
+}
 struct KilnMax { template <class T> KILN_FN T operator()(T a, T b) const { return kiln_max(a, b); } };
 struct KilnMin { template <class T> KILN_FN T operator()(T a, T b) const { return kiln_min(a, b); } };
 template <class T> KILN_FN T kiln_shfl_xor(T v, int o) {
