@@ -483,16 +483,20 @@ int main(int argc, char** argv) {
     report({name, time_ms([&] { Tensor<f32, 0> o = f(); }), time_ms([&] { auto o = eval_eager(f()); }), double(R) * C * 2 + C * 2.0 + 4,
             max_rel(s.to_vector(), {ref}), kernel_count(Mode::fused, f())});
   }
-  if (sweep) {  // block size of block-per-row kernels: kiln's choice against each fixed size
+  if (sweep) {  // block rows: kiln's choice against each fixed block size, residency and streaming mode
     int64_t C2 = 8192, C3 = 4096;
     Tensor<f32, 2> x2 = randn<f32>(Shape<2>{8192, C2}, 4), x8 = randn<f32>(Shape<2>{32768, 4096}, 8);
+    Tensor<f32, 2> xl = randn<f32>(Shape<2>{2048, 65536}, 20);
     Tensor<bf16, 2> x3 = cast<bf16>(randn<f32>(Shape<2>{16384, C3}, 5));
     Tensor<bf16, 1> w = cast<bf16>(randn<f32>(Shape<1>{C3}, 6)), b = cast<bf16>(randn<f32>(Shape<1>{C3}, 7));
-    std::printf("sweep: %% of copy by the threads an SM keeps resident (launch bounds) and the block size of block rows "
-                "(0: kiln's choice)\n%-8s %-8s %8s %8s %8s %8s\n", "resident", "threads", "W2", "W3", "W8 sum", "W8 vm");
-    for (int resident : {0, 1280, 1536, 2048})
-    for (int t : {0, 128, 256, 512}) {
-      if (resident != 0 && t == 512) continue;
+    std::printf("sweep: %% of copy by the streaming mode of rows (0: kiln's choice, on where kept; -1 off; 1 on), the threads "
+                "an SM keeps resident (launch bounds) and the block size of block rows (0: kiln's choice)\n"
+                "%-6s %-8s %-8s %8s %8s %8s %8s %8s\n", "stream", "resident", "threads", "W2", "W3", "W8 sum", "W8 vm", "long sm");
+    for (int streaming : {0, -1, 1})
+    for (int resident : {0, 1280})
+    for (int t : {0, 128, 256}) {
+      if (streaming == 1 && (resident != 0 || t != 0)) continue;
+      runtime::gpu_rows_streaming() = streaming;
       runtime::gpu_block_rows_resident() = resident;
       runtime::gpu_block_rows_threads() = t;
       auto pct = [&](double bytes, double ms) { return 100.0 * bytes / ms / 1e6 / copy_gbs; };
@@ -500,9 +504,11 @@ int main(int argc, char** argv) {
       double w3 = pct(2.0 * 16384 * C3 * 2, time_ms([&] { Tensor<bf16, 2> o = layer_norm(x3, w, b, 1e-5); }));
       double w8 = pct(32768.0 * 4096 * 4, time_ms([&] { Tensor<f32, 1> o = sum(x8, -1); }));
       double vm = pct(32768.0 * 4096 * 4, time_ms([&] { auto o = eval(var_mean(x8, -1)); }));
-      std::printf("%-8d %-8d %7.1f%% %7.1f%% %7.1f%% %7.1f%%\n", resident, t, w2, w3, w8, vm);
+      double ls = t ? 0 : pct(2.0 * 2048 * 65536 * 4, time_ms([&] { Tensor<f32, 2> o = softmax(xl, -1); }));
+      std::printf("%-6d %-8d %-8d %7.1f%% %7.1f%% %7.1f%% %7.1f%% %7.1f%%\n", streaming, resident, t, w2, w3, w8, vm, ls);
       std::fflush(stdout);
     }
+    runtime::gpu_rows_streaming() = 0;
     runtime::gpu_block_rows_resident() = 0;
     runtime::gpu_block_rows_threads() = 0;
     int64_t n = int64_t(1) << 26;

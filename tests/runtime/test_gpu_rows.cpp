@@ -12,7 +12,8 @@
 //   * host side (no GPU): the column form, block and grid each shape, dtype and view gets;
 //   * nvrtc / hiprtc (no GPU): which strategy each shape gets, and the programs
 //     compile for sm_80, sm_90, gfx90a (wave64) and gfx1030 (wave32);
-//   * gpu: the same numbers on kiln::cuda(0); block rows under the residency override too.
+//   * gpu: the same numbers on kiln::cuda(0); block rows under the residency and streaming
+//     overrides too.
 #include "../support/gpu_program.hpp"
 #include "../support/reference.hpp"
 
@@ -161,7 +162,8 @@ void check_softmax_special(Device d, int64_t n) {
       size_t i = size_t(r * n + j);
       soft.v[i] = std::exp(at(r, j) - mx) / s;
       logsoft.v[i] = (at(r, j) - mx) - std::log(s);
-      log_scale.v[i] = std::fabs(at(r, j) - mx) + std::fabs(std::log(s));  // a difference of two rounded terms
+      // a difference of two rounded terms; the sum, about 1 or more, rounded to an ulp of it
+      log_scale.v[i] = std::fabs(at(r, j) - mx) + std::fabs(std::log(s)) + 1;
     }
   }
   auto x = on(d, make_tensor<f32, 2>(a));
@@ -461,10 +463,18 @@ std::vector<std::string> strategy_programs(int warp) {
     CHECK(v[0].persist > 0);
     CHECK(v[0].threads == 128);  // W3's rows: 512 16-byte chunks, four per thread
     CHECK(src.find("kiln_bf16_at(L") != std::string::npos);  // bf16 from 32-bit words: a shift or a mask each
-    // x loaded once into registers, weight and bias only where the store pass reads them
-    size_t loads = 0;
-    for (size_t p = src.find("kiln_load_vec<"); p != std::string::npos; p = src.find("kiln_load_vec<", p + 1)) ++loads;
-    CHECK(loads == 3);
+    // x loaded once into registers, streaming (read once); weight and bias (read by every row)
+    // plainly, only where the store pass reads them; the stores streaming
+    auto count = [&](const std::string& what) {
+      size_t n = 0;
+      for (size_t p = src.find(what); p != std::string::npos; p = src.find(what, p + 1)) ++n;
+      return n;
+    };
+    CHECK(v[0].stream);
+    CHECK(count("kiln_load_vec_stream<8>(L") == 1);
+    CHECK(count("kiln_load_vec<8>(L") == 2);
+    CHECK(count("kiln_store_vec_stream<8>(q") == 1);
+    CHECK(count("kiln_store_vec<") == 0);
     out.push_back(src);
   }
   {  // the residency override: the launch bounds promise 1536 threads an SM
@@ -475,6 +485,19 @@ std::vector<std::string> strategy_programs(int warp) {
     runtime::gpu_block_rows_resident() = 0;
     CHECK(v[0].resident == 1536);
     CHECK(src.find("KILN_LAUNCH_BOUNDS(128, 12)") != std::string::npos);
+    out.push_back(src);
+  }
+  for (int streaming : {-1, 1}) {  // the streaming override: off for kept rows; on for rows read twice (stores only)
+    runtime::gpu_rows_streaming() = streaming;
+    auto [src, v] = program(softmax(x(64, 8192), -1), softmax(x(5, 40000), -1));
+    runtime::gpu_rows_streaming() = 0;
+    REQUIRE(v.size() == 2);
+    CHECK(v[0].persist > 0);
+    CHECK(v[0].stream == (streaming > 0));
+    CHECK(v[1].persist == 0);
+    CHECK(v[1].stream == (streaming > 0));
+    CHECK((src.find("kiln_load_vec_stream<") != std::string::npos) == (streaming > 0));  // kernel 0's kept row
+    CHECK((src.find("kiln_store_vec_stream<") != std::string::npos) == (streaming > 0));
     out.push_back(src);
   }
   {
@@ -647,12 +670,20 @@ TEST_CASE("rows strategies on kiln::cuda(0) against float64") {
   check_strategies(kiln::cuda(0));
 }
 
-TEST_CASE("block rows under the residency override on kiln::cuda(0) against float64") {
+TEST_CASE("block rows under the residency and streaming overrides on kiln::cuda(0) against float64") {
   if (!runtime::CudaDeviceApi::present()) {
     MESSAGE("no CUDA GPU: skipped");
     return;
   }
   for (int resident : {1280, 2048}) check_block_rows_resident(kiln::cuda(0), resident);
+  // streaming accesses off, and on wherever the variant allows (rows read more than once too)
+  for (int streaming : {-1, 1}) {
+    CAPTURE(streaming);
+    runtime::gpu_rows_streaming() = streaming;
+    check_block_rows_resident(kiln::cuda(0), 0);
+    check_softmax(kiln::cuda(0), 5, 40000);
+    runtime::gpu_rows_streaming() = 0;
+  }
 }
 
 }  // TEST_SUITE("gpu")

@@ -20,6 +20,8 @@
 //            rows: a warp per row, or several rows per warp); 0: a block per row;
 //   persist  block rows whose row fits: each thread loads its P chunks once,
 //            every pass then reads registers (one read of the input per row);
+//   stream   rows: the kept rows' loads and the 16-byte stores marked streaming
+//            (evict first), which keeps the caches for what is read again;
 //   split    block rows of a one-pass reduction over few long rows: several blocks
 //            per row (gridDim.x / rows of them), each reduces its span, and the
 //            last block of a row to finish combines the partials (a second pass
@@ -53,6 +55,7 @@ struct GpuVariant {
   int persist = 0;    // block rows: V-chunks per thread kept in registers across passes (the row is read once)
   bool split = false; // block rows: several blocks per row, partials combined by the last one
   bool cols = false;  // one-pass rows reduced along a strided dim: a lane per V kept indices (columns)
+  bool stream = false; // rows: kept rows loaded and every 16-byte chunk stored marked streaming (evict first)
   int threads = 256;  // block size; the kernel's launch bounds
   int resident = 1024; // not matmul: threads an SM keeps resident (launch bounds: resident / threads blocks)
   GemmConfig gemm;       // matmul: tile shapes and kind
@@ -215,7 +218,7 @@ class GpuKernelWriter {
     ve.restore(saved);
     for (size_t i = 0; i < l_.slots.size(); ++i)
       if (l_.slots[i].role == SlotRole::store && pred(size_t(l_.slots[i].store)))
-        s += ind + "kiln_store_vec<" + V + ">(q" + std::to_string(i) + " + j, O" + std::to_string(i) + ");\n";
+        s += ind + (v_.stream ? "kiln_store_vec_stream<" : "kiln_store_vec<") + V + ">(q" + std::to_string(i) + " + j, O" + std::to_string(i) + ");\n";
     return s;
   }
 
@@ -434,7 +437,7 @@ class GpuKernelWriter {
         std::string si = std::to_string(i);
         s += "  alignas(16) " + stype(int(i)) + " L" + si + "[" + P + "][" + V + "];\n";
         s += "#pragma unroll\n  for (int k = 0; k < " + P + "; ++k) {\n    const int64_t j = ((int64_t)lane + (int64_t)k * gsize) * " + V +
-             ";\n    if (j < inner) kiln_load_vec<" + V + ">(L" + si + "[k], q" + si + " + j);\n  }\n";
+             ";\n    if (j < inner) kiln_load_vec" + (v_.stream ? "_stream<" : "<") + V + ">(L" + si + "[k], q" + si + " + j);\n  }\n";
       }
     }
     // The loop over one row's elements; the body sees q<i> and j. vec_body() gives the

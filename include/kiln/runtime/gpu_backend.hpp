@@ -121,6 +121,14 @@ inline std::atomic<int>& gpu_block_rows_resident() {
   return threads;
 }
 
+// Tuning override: rows kernels' streaming accesses (GpuVariant::stream; 0: kiln's choice,
+// on for block rows kept in registers; 1: on wherever the variant allows; -1: off). A
+// benchmark sweeps it; each value is its own compiled variant.
+inline std::atomic<int>& gpu_rows_streaming() {
+  static std::atomic<int> mode{0};
+  return mode;
+}
+
 // Tuning override: at most this many blocks per multiprocessor in pointwise kernels'
 // grid-stride loop (0: kiln's choice, no cap: a thread per V-chunk, the loop runs once;
 // on an H200 that reached 100.5% of copy on W1 where 16 blocks per SM reached 94.2%).
@@ -352,6 +360,8 @@ inline codegen::GpuVariant gpu_variant(const ir::Graph& g, const sched::Kernel& 
     if (one_pass_rows(k) && gpu_split_count(outer, per_row, 256, v.vec, sm_count) > 1) {
       v.split = true, v.persist = 0, v.threads = 256, v.resident = 1024;
     }
+    int streaming = gpu_rows_streaming().load(std::memory_order_relaxed);
+    v.stream = v.vec && (streaming > 0 || (streaming == 0 && v.persist));
   }
   return v;
 }
@@ -440,6 +450,7 @@ inline std::string variant_text(const sched::Kernel& k, const codegen::GpuVarian
   std::string s = v.cols ? "cols" : v.split ? "split" : v.group ? "group " + std::to_string(v.group) : "";
   if (v.persist) s += " persist " + std::to_string(v.persist);
   if (v.vec) s += " vec " + std::to_string(v.vec) + (v.vec_rows ? " in rows" : "");
+  if (v.stream) s += " streaming";
   return s + " threads " + std::to_string(v.threads) + (v.resident != 1024 ? " resident " + std::to_string(v.resident) : "");
 }
 
@@ -457,9 +468,9 @@ inline Hash128 variant_key(const std::vector<codegen::GpuVariant>& vars) {
   for (const codegen::GpuVariant& v : vars) {
     if (!v.strides.empty()) vh.add(v.strides.data(), v.strides.size());
     const codegen::GemmConfig& gc = v.gemm;
-    int32_t w[20] = {v.vec, v.group, v.persist, v.split, v.threads, int(gc.kind), gc.bm, gc.bn, gc.bk, gc.wm, gc.wn, gc.stages,
+    int32_t w[21] = {v.vec, v.group, v.persist, v.split, v.threads, int(gc.kind), gc.bm, gc.bn, gc.bk, gc.wm, gc.wn, gc.stages,
                      gc.persistent, gc.split_epilogue, v.gemm_ops.a_k_major, v.gemm_ops.b_k_major, v.cols, v.epilogue_vec, v.vec_rows,
-                     v.resident};
+                     v.resident, v.stream};
     vh.add(w, sizeof w);
   }
   return vh.digest();
@@ -495,6 +506,7 @@ inline void variant_inputs(const std::vector<KernelArgs>& args, std::vector<int6
   }
   out.push_back(gpu_block_rows_threads().load(std::memory_order_relaxed));
   out.push_back(gpu_block_rows_resident().load(std::memory_order_relaxed));
+  out.push_back(gpu_rows_streaming().load(std::memory_order_relaxed));
 }
 
 // What a device API policy derives from: the device kind it serves and the
