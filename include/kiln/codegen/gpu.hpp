@@ -20,8 +20,8 @@
 //            rows: a warp per row, or several rows per warp); 0: a block per row;
 //   persist  block rows whose row fits: each thread loads its P chunks once,
 //            every pass then reads registers (one read of the input per row);
-//   stream   rows: the kept rows' loads and the 16-byte stores marked streaming
-//            (evict first), which keeps the caches for what is read again;
+//   stream   block rows: the 16-byte stores (and kept rows' loads) marked streaming
+//            (evict first), which keeps in L2 the rows read again;
 //   split    block rows of a one-pass reduction over few long rows: several blocks
 //            per row (gridDim.x / rows of them), each reduces its span, and the
 //            last block of a row to finish combines the partials (a second pass
@@ -55,7 +55,7 @@ struct GpuVariant {
   int persist = 0;    // block rows: V-chunks per thread kept in registers across passes (the row is read once)
   bool split = false; // block rows: several blocks per row, partials combined by the last one
   bool cols = false;  // one-pass rows reduced along a strided dim: a lane per V kept indices (columns)
-  bool stream = false; // rows: kept rows loaded and every 16-byte chunk stored marked streaming (evict first)
+  bool stream = false; // block rows: every 16-byte chunk stored (and a kept row loaded) marked streaming (evict first)
   int threads = 256;  // block size; the kernel's launch bounds
   int resident = 1024; // not matmul: threads an SM keeps resident (launch bounds: resident / threads blocks)
   GemmConfig gemm;       // matmul: tile shapes and kind
@@ -113,6 +113,22 @@ class GpuKernelWriter {
     for (size_t i = 0; i < l_.slots.size(); ++i) s += slot_decl(int(i));
     s += k_.kind == sched::KernelKind::rows ? rows() : pointwise();
     return s + "}\n";
+  }
+
+  // 32-bit registers a thread of block rows kept in registers holds across the passes: its
+  // kept 16-byte chunks and the carried values (the host picks the residency from it).
+  int row_registers() {
+    if (k_.kind != sched::KernelKind::rows || !v_.persist) return 0;
+    find_kept();
+    find_online_sums();
+    ValueEmitter ve(g_, k_, l_);
+    ve.find_row_values();
+    int passes = 0, n = 0;
+    for (int lvl : level_) passes = std::max(passes, lvl + 1);
+    for (size_t i = 0; i < l_.slots.size(); ++i) n += kept(int(i)) ? v_.persist * 4 : 0;
+    for (const std::vector<int>& pass : carried_values(ve, passes))
+      for (int id : pass) n += v_.persist * std::max(v_.vec, 1) * int(info(g_.nodes[size_t(id)].dtype).bytes > 4 ? 2 : 1);
+    return n;
   }
 
  private:

@@ -190,10 +190,8 @@ template <int V, class T> KILN_FN void kiln_store_vec(T* dst, const T* src) {
   for (int k = 0; k < (int)(V * sizeof(T) / 16); ++k) kiln_store16((uint4*)dst + k, ((const uint4*)src)[k]);
 }
 
-// The same, marked streaming (evict first: ld/st.global.cs): rows kernels' loads of a row
-// they read once and their stores, so that they do not push out of the caches what is read
-// again (a weight every row reads, the rows of other blocks). NOTE: on an H200 a layer_norm
-// of W3's form reached 93% of copy with them, 91% without. HIP: plain accesses.
+// The same, marked streaming (evict first: ld/st.global.cs), so that what a rows kernel
+// writes, or reads once, does not push out of L2 the rows it reads again. HIP: plain accesses.
 template <int V, class T> KILN_FN void kiln_load_vec_stream(T* dst, const T* src) {
 #pragma unroll
   for (int k = 0; k < (int)(V * sizeof(T) / 16); ++k)
