@@ -115,7 +115,8 @@ inline std::atomic<int>& gpu_block_rows_threads() {
 
 // Tuning override: the threads an SM keeps resident for block-per-row kernels, which their
 // launch bounds promise (0: kiln's choice, 1280 for kept rows of at most 16 registers a
-// thread, else 1024; 1024: at most 64 registers a thread; more threads, fewer registers). A benchmark sweeps it; each value is its own compiled variant.
+// thread, else 1024; 1024: at most 64 registers a thread; more threads, fewer registers).
+// A benchmark sweeps it; each value is its own compiled variant.
 inline std::atomic<int>& gpu_block_rows_resident() {
   static std::atomic<int> threads{0};
   return threads;
