@@ -470,6 +470,9 @@ std::vector<std::string> strategy_programs(int warp) {
     for (size_t p = src.find("kiln_load_vec<"); p != std::string::npos; p = src.find("kiln_load_vec<", p + 1)) ++loads;
     CHECK(loads == 3);
     CHECK(!v[0].stream);
+    // the outputs kept as floats and converted to bf16 two at a time as they are stored
+    CHECK(src.find("kiln_store_vec_from_f32<8, true, false>(q") != std::string::npos);
+    CHECK(src.find("[u] = kiln_f32_to_bf16(") == std::string::npos);
     // 16 registers of row a thread: 1280 threads an SM (10 blocks of 128)
     CHECK(v[0].resident == 1280);
     CHECK(src.find("KILN_LAUNCH_BOUNDS(128, 10)") != std::string::npos);
@@ -495,8 +498,8 @@ std::vector<std::string> strategy_programs(int warp) {
     CHECK(v[0].stream == (streaming > 0));
     CHECK(v[1].persist == 0);
     CHECK(v[1].stream == (streaming >= 0));
-    CHECK((src.find("kiln_load_vec_stream<") != std::string::npos) == (streaming > 0));  // kernel 0's kept row
-    CHECK((src.find("kiln_store_vec_stream<") != std::string::npos) == (streaming >= 0));
+    CHECK((src.find("kiln_load_vec_stream<4>(L") != std::string::npos) == (streaming > 0));  // kernel 0's kept row
+    CHECK((src.find("kiln_store_vec_stream<4>(q") != std::string::npos) == (streaming >= 0));
     out.push_back(src);
   }
   {

@@ -208,7 +208,7 @@ class GpuKernelWriter {
     for (size_t s = 0; s < k_.stores.size(); ++s) {
       if (!pred(s)) continue;
       std::string v = ve.value(k_.stores[s].value, body, ind, ld, ix);
-      tail += ind + st(slot_of_store(s), to_storage(g_.nodes[size_t(k_.stores[s].buffer)].dtype, v)) + ";\n";
+      tail += ind + st(slot_of_store(s), to_storage(g_.nodes[size_t(k_.stores[s].buffer)].dtype, v), v) + ";\n";
     }
     return body + tail;
   }
@@ -218,23 +218,34 @@ class GpuKernelWriter {
     if (!vec) {
       auto saved = ve.save();
       std::string s = stores_where(ve, ind, pred, [&](int i) { return load(i); }, [&](int i) { return index(i); },
-                                   [&](int i, const std::string& v) { std::string si = std::to_string(i); return "q" + si + "[j * s" + si + "] = " + v; });
+                                   [&](int i, const std::string& v, const std::string&) { std::string si = std::to_string(i); return "q" + si + "[j * s" + si + "] = " + v; });
       ve.restore(saved);
       return s;
     }
+    // 16-bit float outputs are kept as floats (F<i>) and converted two at a time as they are stored.
     std::string V = std::to_string(v_.vec), s;
+    auto half = [&](int i) { return slot_dtype(i) == DType::bf16 || slot_dtype(i) == DType::f16; };
     for (size_t i = 0; i < l_.slots.size(); ++i)
       if (l_.slots[i].role == SlotRole::store && pred(size_t(l_.slots[i].store)))
-        s += ind + "alignas(16) " + stype(int(i)) + " O" + std::to_string(i) + "[" + V + "];\n";
+        s += ind + (half(int(i)) ? "float F" : "alignas(16) " + stype(int(i)) + " O") + std::to_string(i) + "[" + V + "];\n";
     auto saved = ve.save();
     used_.assign(l_.slots.size(), 0);
     std::string body = stores_where(ve, ind + "  ", pred, [&](int i) { return vload(i); }, [&](int i) { return vindex(i); },
-                                    [&](int i, const std::string& v) { return "O" + std::to_string(i) + "[u] = " + v; });
+                                    [&](int i, const std::string& v, const std::string& raw) {
+                                      return (half(i) ? "F" : "O") + std::to_string(i) + "[u] = " + (half(i) ? raw : v);
+                                    });
     s = chunk_loads(ind) + s + ind + "#pragma unroll\n" + ind + "for (int u = 0; u < " + V + "; ++u) {\n" + body + ind + "}\n";
     ve.restore(saved);
-    for (size_t i = 0; i < l_.slots.size(); ++i)
-      if (l_.slots[i].role == SlotRole::store && pred(size_t(l_.slots[i].store)))
-        s += ind + (v_.stream ? "kiln_store_vec_stream<" : "kiln_store_vec<") + V + ">(q" + std::to_string(i) + " + j, O" + std::to_string(i) + ");\n";
+    const std::string stream = v_.stream ? "true" : "false";
+    for (size_t i = 0; i < l_.slots.size(); ++i) {
+      if (l_.slots[i].role != SlotRole::store || !pred(size_t(l_.slots[i].store))) continue;
+      std::string si = std::to_string(i);
+      if (half(int(i)))
+        s += ind + "kiln_store_vec_from_f32<" + V + ", " + (slot_dtype(int(i)) == DType::bf16 ? "true" : "false") + ", " + stream + ">(q" + si +
+             " + j, F" + si + ");\n";
+      else
+        s += ind + (v_.stream ? "kiln_store_vec_stream<" : "kiln_store_vec<") + V + ">(q" + si + " + j, O" + si + ");\n";
+    }
     return s;
   }
 

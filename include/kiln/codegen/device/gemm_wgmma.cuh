@@ -67,18 +67,7 @@ template <int R> KILN_FN void kiln_regs_inc() { asm volatile("setmaxnreg.inc.syn
 // A barrier of `threads` threads (a warpgroup's own: ids 1 and up; 0 is __syncthreads).
 KILN_FN void kiln_bar_sync(int id, int threads) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory"); }
 
-// Two floats as one 32-bit word of 16-bit floats, `lo` in the low half (the lower address),
-// rounded to nearest even; and back.
-KILN_FN uint32_t kiln_pack_bf16x2(float lo, float hi) {
-  uint32_t r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-KILN_FN uint32_t kiln_pack_f16x2(float lo, float hi) {
-  uint32_t r;
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
+// A 32-bit word of two 16-bit floats back to floats (kiln_pack_bf16x2 in the prelude packs).
 KILN_FN void kiln_unpack_bf16x2(uint32_t w, float* f) {
   f[0] = __uint_as_float(w << 16);
   f[1] = __uint_as_float(w & 0xffff0000u);
