@@ -31,6 +31,14 @@ def time_ms(fn, reps=20):
     return sorted(times)[len(times) // 2]
 
 
+def write_jsonl(records):
+    """The records as JSON lines to argv[1], if given."""
+    if len(sys.argv) > 1:
+        with open(sys.argv[1], "w") as f:
+            for r in records:
+                f.write(json.dumps(r) + "\n")
+
+
 def main():
     torch.backends.cuda.matmul.allow_tf32 = False  # PyTorch's default: fp32 matmul is not TF32
     r = lambda m, n, dt=torch.bfloat16: torch.randn(m, n, device="cuda").to(dt)
@@ -46,10 +54,7 @@ def main():
         tf = 2.0 * p.shape[0] * p.shape[1] * q.shape[1] / ms / 1e9
         print(f"torch GEMM {name:34s} {ms:8.3f} ms  {tf:6.1f} TFLOP/s", flush=True)
         out.append({"type": "torch_gemm", "name": name, "ms": ms, "tflops": tf})
-    if len(sys.argv) > 1:
-        with open(sys.argv[1], "w") as f:
-            for o in out:
-                f.write(json.dumps(o) + "\n")
+    write_jsonl(out)
 
 
 if __name__ == "__main__":

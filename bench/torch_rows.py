@@ -9,12 +9,10 @@ events, L2 flushed before each call, median of 20 after 3 warm-ups. Writes JSON 
 
 usage: torch_rows.py [out.jsonl]
 """
-import json
-import sys
 
 import torch
 
-from torch_gemm import time_ms  # the same timing (bench/ is on the path when run as a script)
+from torch_gemm import time_ms, write_jsonl  # the same timing and output (bench/ is on the path when run as a script)
 
 
 def main():
@@ -27,11 +25,7 @@ def main():
         err = ((fn(x).double() - ref).abs().max() / ref.abs().max()).item()
         modes[mode] = {"ms": time_ms(lambda: fn(x)), "rel_vs_fp64": err}
         print(f"torch softmax [2048,65536] {mode:8s} {modes[mode]['ms']:.4f} ms  rel.err {err:.1e}", flush=True)
-    out = [{"type": "workload", "workload": "softmax_long", "modes": modes}]
-    if len(sys.argv) > 1:
-        with open(sys.argv[1], "w") as fo:
-            for o in out:
-                fo.write(json.dumps(o) + "\n")
+    write_jsonl([{"type": "workload", "workload": "softmax_long", "modes": modes}])
 
 
 if __name__ == "__main__":

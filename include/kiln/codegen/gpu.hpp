@@ -321,12 +321,15 @@ class GpuKernelWriter {
   // One-pass online softmax for rows read from memory each pass: a sum of exp(e - M), with M
   // the row max of the same e one pass before, moves into M's pass (a running sum rescaled
   // when the running max grows), so the row is read twice (max and sum, then the stores),
-  // not three times. Sets level_ (the pass of each reduction) and online_ (per reduction:
-  // the index of the max its online sum goes with, or -1). Rows kept in registers and split
+  // not three times. Sets level_ (the pass of each reduction), online_ (per reduction: the
+  // index of the max its online sum goes with, or -1) and folded_ (per reduction: the value
+  // each element folds in; an online sum's is its max's argument e). Rows kept in registers and split
   // rows keep the two passes (nothing to save; the split combine is of plain partials).
   void find_online_sums() {
     level_ = k_.reduce_level;
     online_.assign(k_.reduces.size(), -1);
+    folded_.clear();
+    for (int r : k_.reduces) folded_.push_back(g_.arg(g_.nodes[size_t(r)], 0));
     if (v_.persist || v_.split) return;
     auto index = [&](int id) { return int(std::find(k_.reduces.begin(), k_.reduces.end(), id) - k_.reduces.begin()); };
     auto through_expand = [&](int id) {
@@ -344,7 +347,7 @@ class GpuKernelWriter {
       if (j == int(k_.reduces.size())) continue;
       const ir::Node& max = g_.nodes[size_t(k_.reduces[size_t(j)])];
       if (max.op != Prim::amax || max.dtype != sum.dtype || g_.arg(max, 0) != g_.arg(d, 0) || level_[size_t(j)] + 1 != level_[i]) continue;
-      online_[i] = j;
+      online_[i] = j, folded_[i] = g_.arg(d, 0);
     }
     for (size_t i = 0; i < k_.reduces.size(); ++i) {
       if (online_[i] < 0) continue;
@@ -523,10 +526,9 @@ class GpuKernelWriter {
         for (size_t i : mine) {
           int id = k_.reduces[i];
           const ir::Node& n = g_.nodes[size_t(id)];
-          // An online sum folds in the value its max reads (e of exp(e - max)), before the max's own update.
-          int arg = online_[i] < 0 ? g_.arg(n, 0) : g_.arg(g_.nodes[size_t(g_.arg(g_.nodes[size_t(g_.arg(n, 0))], 0))], 0);
-          std::string v = vec ? ve.value(arg, body, ind, vl, vi)
-                              : ve.value(arg, body, ind, [&](int x) { return load(x); }, [&](int x) { return index(x); });
+          // An online sum's update goes before its max's own (it reads the running max before it grows).
+          std::string v = vec ? ve.value(folded_[i], body, ind, vl, vi)
+                              : ve.value(folded_[i], body, ind, [&](int x) { return load(x); }, [&](int x) { return index(x); });
           std::string a = "a" + std::to_string(id);
           if (online_[i] >= 0)
             online += ind + a + " = kiln_online_sum(" + a + ", a" + std::to_string(k_.reduces[size_t(online_[i])]) + ", " + v + ");\n";
@@ -760,6 +762,7 @@ class GpuKernelWriter {
   std::vector<uint8_t> kept_;
   std::vector<int> level_;   // rows: the pass of each reduction (find_online_sums)
   std::vector<int> online_;  // rows: per reduction, the index of the max of its online sum, or -1
+  std::vector<int> folded_;  // rows: per reduction, the node whose value each element folds in
   std::vector<uint8_t> used_;  // slots read by the statements generated last (vload)
   bool batched_ = false;       // vector statements for chunk k of a loaded batch: L<i>[k][u]
   int sites_ = 0;              // block reductions so far (each its own shared array)
