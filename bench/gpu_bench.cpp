@@ -510,13 +510,18 @@ int main(int argc, char** argv) {
     Tensor<f32, 2> xl = randn<f32>(Shape<2>{2048, 65536}, 20);
     Tensor<bf16, 2> x3 = cast<bf16>(randn<f32>(Shape<2>{16384, C3}, 5));
     Tensor<bf16, 1> w = cast<bf16>(randn<f32>(Shape<1>{C3}, 6)), b = cast<bf16>(randn<f32>(Shape<1>{C3}, 7));
-    std::printf("sweep: %% of copy by the streaming mode of rows (0: kiln's choice, on where kept; -1 off; 1 on), the threads "
-                "an SM keeps resident (launch bounds) and the block size of block rows (0: kiln's choice)\n"
-                "%-6s %-8s %-8s %8s %8s %8s %8s %8s\n", "stream", "resident", "threads", "W2", "W3", "W8 sum", "W8 vm", "long sm");
-    for (int streaming : {0, -1, 1})
-    for (int resident : {0, 1280})
+    std::printf("sweep: %% of copy by exact rows (0: kiln's choice, where the row is the threads' chunks; -1 off), the "
+                "streaming mode of rows (0: kiln's choice, on where kept; -1 off; 1 on), the threads an SM keeps resident "
+                "(launch bounds) and the block size of block rows (0: kiln's choice)\n"
+                "%-6s %-6s %-8s %-8s %8s %8s %8s %8s %8s\n", "exact", "stream", "resident", "threads", "W2", "W3", "W8 sum", "W8 vm",
+                "long sm");
+    for (int exact : {0, -1})
+    for (int streaming : {0, 1})
+    for (int resident : {0, 1024, 1280})
     for (int t : {0, 128, 256}) {
-      if (streaming == 1 && (resident != 0 || t != 0)) continue;
+      if (streaming == 1 && (exact != 0 || resident != 0 || t != 0)) continue;
+      if (exact == -1 && t != 0) continue;
+      runtime::gpu_rows_exact() = exact;
       runtime::gpu_rows_streaming() = streaming;
       runtime::gpu_block_rows_resident() = resident;
       runtime::gpu_block_rows_threads() = t;
@@ -526,9 +531,10 @@ int main(int argc, char** argv) {
       double w8 = pct(32768.0 * 4096 * 4, time_ms([&] { Tensor<f32, 1> o = sum(x8, -1); }));
       double vm = pct(32768.0 * 4096 * 4, time_ms([&] { auto o = eval(var_mean(x8, -1)); }));
       double ls = t ? 0 : pct(2.0 * 2048 * 65536 * 4, time_ms([&] { Tensor<f32, 2> o = softmax(xl, -1); }));
-      std::printf("%-6d %-8d %-8d %7.1f%% %7.1f%% %7.1f%% %7.1f%% %7.1f%%\n", streaming, resident, t, w2, w3, w8, vm, ls);
+      std::printf("%-6d %-6d %-8d %-8d %7.1f%% %7.1f%% %7.1f%% %7.1f%% %7.1f%%\n", exact, streaming, resident, t, w2, w3, w8, vm, ls);
       std::fflush(stdout);
     }
+    runtime::gpu_rows_exact() = 0;
     runtime::gpu_rows_streaming() = 0;
     runtime::gpu_block_rows_resident() = 0;
     runtime::gpu_block_rows_threads() = 0;

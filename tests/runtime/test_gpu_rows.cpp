@@ -12,8 +12,8 @@
 //   * host side (no GPU): the column form, block and grid each shape, dtype and view gets;
 //   * nvrtc / hiprtc (no GPU): which strategy each shape gets, and the programs
 //     compile for sm_80, sm_90, gfx90a (wave64) and gfx1030 (wave32);
-//   * gpu: the same numbers on kiln::cuda(0); block rows under the residency and streaming
-//     overrides too.
+//   * gpu: the same numbers on kiln::cuda(0); block rows under the residency, streaming and
+//     exact overrides too.
 #include "../support/gpu_program.hpp"
 #include "../support/reference.hpp"
 
@@ -449,6 +449,9 @@ std::vector<std::string> strategy_programs(int warp) {
     CHECK(v[0].persist == 8);
     CHECK(!v[0].stream);
     CHECK(v[0].resident == 1024);  // 32 registers of row and 32 of exponentials a thread: 1280 would spill
+    CHECK(v[0].exact);  // 8192 = 256 threads x 4 floats x 8 chunks: no chunk checked against the row's end
+    CHECK(src.find("if (j < inner)") == std::string::npos);
+    CHECK(src.find("constexpr int gsize = 256;") != std::string::npos);
     CHECK(src.find("KILN_LAUNCH_BOUNDS(256, 4)") != std::string::npos);
     CHECK(src.find("* kiln_recip(r") != std::string::npos);  // by the row's sum: one reciprocal, a product per element
     // exp(x - max) computed once, in the sum's pass, and kept for the store pass
@@ -464,6 +467,7 @@ std::vector<std::string> strategy_programs(int warp) {
     auto [src, v] = program(layer_norm(xb, w, b, 1e-5));  // in registers, with weight and bias
     CHECK(v[0].persist > 0);
     CHECK(v[0].threads == 128);  // W3's rows: 512 16-byte chunks, four per thread
+    CHECK(v[0].exact);
     CHECK(src.find("kiln_bf16_at(L") != std::string::npos);  // bf16 from 32-bit words: a shift or a mask each
     // x loaded once into registers, weight and bias only where the store pass reads them
     size_t loads = 0;
@@ -473,9 +477,32 @@ std::vector<std::string> strategy_programs(int warp) {
     // the outputs kept as floats and converted to bf16 two at a time as they are stored
     CHECK(src.find("kiln_store_vec_from_f32<8, true, false>(q") != std::string::npos);
     CHECK(src.find("[u] = kiln_f32_to_bf16(") == std::string::npos);
+    // exact: the unchecked loads of weight and bias all go out before the stores, so 1024
+    // threads an SM (48 registers spilled)
+    CHECK(v[0].resident == 1024);
+    CHECK(src.find("KILN_LAUNCH_BOUNDS(128, 8)") != std::string::npos);
+    out.push_back(src);
+  }
+  {  // a row short of the threads' chunks (4000 = 500 chunks over 128 threads x 4): each chunk checked
+    auto xb = Tensor<bf16, 2>::empty(Shape<2>{64, 4000}, cpu());
+    auto w = Tensor<bf16, 1>::empty(Shape<1>{4000}, cpu()), b = Tensor<bf16, 1>::empty(Shape<1>{4000}, cpu());
+    auto [src, v] = program(layer_norm(xb, w, b, 1e-5));
+    CHECK(v[0].persist == 4);
+    CHECK(!v[0].exact);
+    CHECK(src.find("if (j < inner)") != std::string::npos);
     // 16 registers of row a thread: 1280 threads an SM (10 blocks of 128)
     CHECK(v[0].resident == 1280);
     CHECK(src.find("KILN_LAUNCH_BOUNDS(128, 10)") != std::string::npos);
+    out.push_back(src);
+  }
+  {  // exact rows off (the override): W3's rows checked per chunk, 1280 threads an SM
+    auto xb = Tensor<bf16, 2>::empty(Shape<2>{64, 4096}, cpu());
+    auto w = Tensor<bf16, 1>::empty(Shape<1>{4096}, cpu()), b = Tensor<bf16, 1>::empty(Shape<1>{4096}, cpu());
+    runtime::gpu_rows_exact() = -1;
+    auto [src, v] = program(layer_norm(xb, w, b, 1e-5));
+    runtime::gpu_rows_exact() = 0;
+    CHECK(!v[0].exact);
+    CHECK(v[0].resident == 1280);
     out.push_back(src);
   }
   {  // the residency override: the launch bounds promise 1536 threads an SM
@@ -672,7 +699,7 @@ TEST_CASE("rows strategies on kiln::cuda(0) against float64") {
   check_strategies(kiln::cuda(0));
 }
 
-TEST_CASE("block rows under the residency and streaming overrides on kiln::cuda(0) against float64") {
+TEST_CASE("block rows under the residency, streaming and exact overrides on kiln::cuda(0) against float64") {
   if (!runtime::CudaDeviceApi::present()) {
     MESSAGE("no CUDA GPU: skipped");
     return;
@@ -686,6 +713,10 @@ TEST_CASE("block rows under the residency and streaming overrides on kiln::cuda(
     check_softmax(kiln::cuda(0), 5, 40000);
     runtime::gpu_rows_streaming() = 0;
   }
+  // exact rows off: the rows of 8192 and 4096 checked per chunk
+  runtime::gpu_rows_exact() = -1;
+  check_block_rows_resident(kiln::cuda(0), 0);
+  runtime::gpu_rows_exact() = 0;
 }
 
 }  // TEST_SUITE("gpu")

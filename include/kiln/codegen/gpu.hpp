@@ -20,6 +20,8 @@
 //            rows: a warp per row, or several rows per warp); 0: a block per row;
 //   persist  block rows whose row fits: each thread loads its P chunks once,
 //            every pass then reads registers (one read of the input per row);
+//            exact: the row is exactly threads x V x P elements, so no chunk is
+//            checked against the row's end and the block size is a constant;
 //   stream   block rows: the 16-byte stores (and kept rows' loads) marked streaming
 //            (evict first), which keeps in L2 the rows read again;
 //   split    block rows of a one-pass reduction over few long rows: several blocks
@@ -53,6 +55,7 @@ struct GpuVariant {
   int vec = 0;
   int group = 0;      // rows: lanes per row (1 .. warp); 0: a block per row
   int persist = 0;    // block rows: V-chunks per thread kept in registers across passes (the row is read once)
+  bool exact = false; // persist: the row is exactly threads x V x persist elements (no check per chunk)
   bool split = false; // block rows: several blocks per row, partials combined by the last one
   bool cols = false;  // one-pass rows reduced along a strided dim: a lane per V kept indices (columns)
   bool stream = false; // block rows: every 16-byte chunk stored (and a kept row loaded) marked streaming (evict first)
@@ -449,7 +452,9 @@ class GpuKernelWriter {
       s += "  const bool live = true;\n  const int64_t split = (int64_t)gridDim.x / outer, r = blockIdx.x / split, part = blockIdx.x % split;\n";
       s += "  const int lane = threadIdx.x, gsize = blockDim.x;\n";
     } else {
-      s += "  const bool live = true;\n  const int64_t r = blockIdx.x;\n  const int lane = threadIdx.x, gsize = blockDim.x;\n";
+      s += "  const bool live = true;\n  const int64_t r = blockIdx.x;\n";
+      s += v_.exact ? "  const int lane = threadIdx.x;\n  constexpr int gsize = " + std::to_string(v_.threads) + ";\n"
+                    : "  const int lane = threadIdx.x, gsize = blockDim.x;\n";
       s += "  if (r >= outer) return;\n";
     }
     s += "  const int64_t inner = !live ? 0 : nd > no ? sz[nd - 1] : 1;\n";
@@ -467,7 +472,8 @@ class GpuKernelWriter {
         std::string si = std::to_string(i);
         s += "  alignas(16) " + stype(int(i)) + " L" + si + "[" + P + "][" + V + "];\n";
         s += "#pragma unroll\n  for (int k = 0; k < " + P + "; ++k) {\n    const int64_t j = ((int64_t)lane + (int64_t)k * gsize) * " + V +
-             ";\n    if (j < inner) kiln_load_vec" + (v_.stream ? "_stream<" : "<") + V + ">(L" + si + "[k], q" + si + " + j);\n  }\n";
+             ";\n    " + (v_.exact ? "" : "if (j < inner) ") + "kiln_load_vec" + (v_.stream ? "_stream<" : "<") + V + ">(L" + si +
+             "[k], q" + si + " + j);\n  }\n";
       }
     }
     // The loop over one row's elements; the body sees q<i> and j. vec_body() gives the
@@ -477,7 +483,7 @@ class GpuKernelWriter {
       if (v_.persist) {  // the row's chunks are in registers: L<i>[k]
         t += "#pragma unroll\n    for (int k = 0; k < " + std::to_string(v_.persist) + "; ++k) {\n";
         t += "      const int64_t j = ((int64_t)lane + (int64_t)k * gsize) * " + V + ";\n";
-        t += "      if (j < inner) {\n" + vec_body() + "      }\n    }\n";
+        t += v_.exact ? "      (void)j;\n      {\n" + vec_body() + "      }\n    }\n" : "      if (j < inner) {\n" + vec_body() + "      }\n    }\n";
       } else if (v_.vec && v_.vec_rows) {
         t += chunked_rows_loop(vec_body);
       } else if (v_.vec) {  // single inner dim (hi == inner), contiguous, aligned: V-wide steps, scalar tail

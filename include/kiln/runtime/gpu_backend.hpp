@@ -130,6 +130,13 @@ inline std::atomic<int>& gpu_rows_streaming() {
   return mode;
 }
 
+// Tuning override: exact block rows (GpuVariant::exact; 0: kiln's choice, wherever the
+// row is exactly the threads' chunks; -1: off). A benchmark sweeps it.
+inline std::atomic<int>& gpu_rows_exact() {
+  static std::atomic<int> mode{0};
+  return mode;
+}
+
 // Tuning override: at most this many blocks per multiprocessor in pointwise kernels'
 // grid-stride loop (0: kiln's choice, no cap: a thread per V-chunk, the loop runs once;
 // on an H200 that reached 100.5% of copy on W1 where 16 blocks per SM reached 94.2%).
@@ -366,12 +373,18 @@ inline codegen::GpuVariant gpu_variant(const ir::Graph& g, const sched::Kernel& 
     // online softmax over [2048, 65536] went from 67.7 to 69.8% of copy. Not for kept rows:
     // with the L2 flushed before each call (as the benchmarks time) they lost 3 to 6 points
     // there (W2 93.5 -> 87.2%, W3 85.8 -> 83.2%).
+    // A row of one dim that the threads' chunks cover exactly: no check per chunk, and the
+    // block size a constant of the kernel (its offsets fold into the loads' addresses).
+    v.exact = v.persist && a.meta[0] - a.meta[1] == 1 && per_row == int64_t(v.threads) * v.vec * v.persist &&
+              gpu_rows_exact().load(std::memory_order_relaxed) >= 0;
     int streaming = gpu_rows_streaming().load(std::memory_order_relaxed);
     v.stream = v.vec && !v.split && (streaming > 0 || (streaming == 0 && !v.persist));
     // A kept row of at most 16 registers a thread (W3's bf16 row, W8's) leaves room for 1280
     // resident threads (48 registers each) without spilling: on an H200 W3 went from 85.8 to
     // 87.4% of copy (W8 within noise); W2's row (32 registers and its exponentials) spills there.
-    if (resident_override == 0 && v.persist && !v.split && codegen::GpuKernelWriter(g, k, 0, v).row_registers() <= 16)
+    // NOTE: an exact row's kernel spilled there (its unchecked loads of weight and bias all go
+    // out before the stores: 48 registers are too few), so it keeps 1024.
+    if (resident_override == 0 && v.persist && !v.exact && !v.split && codegen::GpuKernelWriter(g, k, 0, v).row_registers() <= 16)
       v.resident = 1280;
   }
   return v;
@@ -459,7 +472,7 @@ struct TensorMaps {
 inline std::string variant_text(const sched::Kernel& k, const codegen::GpuVariant& v) {
   if (k.kind == sched::KernelKind::matmul) return v.gemm.str() + (v.epilogue_vec ? " vector epilogue" : "");
   std::string s = v.cols ? "cols" : v.split ? "split" : v.group ? "group " + std::to_string(v.group) : "";
-  if (v.persist) s += " persist " + std::to_string(v.persist);
+  if (v.persist) s += " persist " + std::to_string(v.persist) + (v.exact ? " exact" : "");
   if (v.vec) s += " vec " + std::to_string(v.vec) + (v.vec_rows ? " in rows" : "");
   if (v.stream) s += " streaming";
   return s + " threads " + std::to_string(v.threads) + (v.resident != 1024 ? " resident " + std::to_string(v.resident) : "");
@@ -479,9 +492,9 @@ inline Hash128 variant_key(const std::vector<codegen::GpuVariant>& vars) {
   for (const codegen::GpuVariant& v : vars) {
     if (!v.strides.empty()) vh.add(v.strides.data(), v.strides.size());
     const codegen::GemmConfig& gc = v.gemm;
-    int32_t w[21] = {v.vec, v.group, v.persist, v.split, v.threads, int(gc.kind), gc.bm, gc.bn, gc.bk, gc.wm, gc.wn, gc.stages,
+    int32_t w[22] = {v.vec, v.group, v.persist, v.split, v.threads, int(gc.kind), gc.bm, gc.bn, gc.bk, gc.wm, gc.wn, gc.stages,
                      gc.persistent, gc.split_epilogue, v.gemm_ops.a_k_major, v.gemm_ops.b_k_major, v.cols, v.epilogue_vec, v.vec_rows,
-                     v.resident, v.stream};
+                     v.resident, v.stream, v.exact};
     vh.add(w, sizeof w);
   }
   return vh.digest();
@@ -518,6 +531,7 @@ inline void variant_inputs(const std::vector<KernelArgs>& args, std::vector<int6
   out.push_back(gpu_block_rows_threads().load(std::memory_order_relaxed));
   out.push_back(gpu_block_rows_resident().load(std::memory_order_relaxed));
   out.push_back(gpu_rows_streaming().load(std::memory_order_relaxed));
+  out.push_back(gpu_rows_exact().load(std::memory_order_relaxed));
 }
 
 // What a device API policy derives from: the device kind it serves and the
