@@ -483,7 +483,7 @@ class GpuKernelWriter {
       if (v_.persist) {  // the row's chunks are in registers: L<i>[k]
         t += "#pragma unroll\n    for (int k = 0; k < " + std::to_string(v_.persist) + "; ++k) {\n";
         t += "      const int64_t j = ((int64_t)lane + (int64_t)k * gsize) * " + V + ";\n";
-        t += v_.exact ? "      (void)j;\n      {\n" + vec_body() + "      }\n    }\n" : "      if (j < inner) {\n" + vec_body() + "      }\n    }\n";
+        t += (v_.exact ? "      (void)j;\n      {\n" : "      if (j < inner) {\n") + vec_body() + "      }\n    }\n";
       } else if (v_.vec && v_.vec_rows) {
         t += chunked_rows_loop(vec_body);
       } else if (v_.vec) {  // single inner dim (hi == inner), contiguous, aligned: V-wide steps, scalar tail
