@@ -533,8 +533,8 @@ int main(int argc, char** argv) {
                 "long sm");
     for (int exact : {0, -1})
     for (int streaming : {0, 1})
-    for (int resident : {0, 1024, 1280})
-    for (int t : {0, 128, 256}) {
+    for (int resident : {0, 1024, 1280, 1536})
+    for (int t : {0, 128, 256, 512}) {
       if (streaming == 1 && (exact != 0 || resident != 0 || t != 0)) continue;
       if (exact == -1 && t != 0) continue;
       runtime::gpu_rows_exact() = exact;

@@ -444,21 +444,39 @@ std::vector<std::string> strategy_programs(int warp) {
   {
     auto [src, v] = program(softmax(x(64, 8192), -1));  // a block per row, in registers
     CHECK(!v[0].split);
-    // W2's rows: 256 threads of 8 16-byte chunks (4 blocks per SM on an H200, not 2 of 512)
-    CHECK(v[0].threads == 256);
-    CHECK(v[0].persist == 8);
+    // W2's rows: 512 threads of 4 16-byte chunks, 16 registers of row and 16 of exponentials
+    // a thread, 1536 resident (3 blocks per SM; 256 threads of 8 chunks kept 4 blocks of 256)
+    CHECK(v[0].threads == 512);
+    CHECK(v[0].persist == 4);
     CHECK(!v[0].stream);
-    CHECK(v[0].resident == 1024);  // 32 registers of row and 32 of exponentials a thread: 1280 would spill
-    CHECK(v[0].exact);  // 8192 = 256 threads x 4 floats x 8 chunks: no chunk checked against the row's end
+    CHECK(v[0].resident == 1536);
+    CHECK(v[0].exact);  // 8192 = 512 threads x 4 floats x 4 chunks: no chunk checked against the row's end
     CHECK(src.find("if (j < inner)") == std::string::npos);
-    CHECK(src.find("constexpr int gsize = 256;") != std::string::npos);
-    CHECK(src.find("KILN_LAUNCH_BOUNDS(256, 4)") != std::string::npos);
+    CHECK(src.find("constexpr int gsize = 512;") != std::string::npos);
+    CHECK(src.find("KILN_LAUNCH_BOUNDS(512, 3)") != std::string::npos);
     CHECK(src.find("* kiln_recip(r") != std::string::npos);  // by the row's sum: one reciprocal, a product per element
     // exp(x - max) computed once, in the sum's pass, and kept for the store pass
     size_t exps = 0;
     for (size_t p = src.find("= kiln_exp(v"); p != std::string::npos; p = src.find("= kiln_exp(v", p + 1)) ++exps;
     CHECK(exps == 1);
     CHECK(src.find("[k][u] = v") != std::string::npos);
+    out.push_back(src);
+  }
+  {  // bf16 rows of 16384: at 512 threads 16 registers of row and 32 of exponentials, so 256 of 8 chunks stay
+    auto [src, v] = program(softmax(Tensor<bf16, 2>::empty(Shape<2>{64, 16384}, cpu()), -1));
+    CHECK(v[0].threads == 256);
+    CHECK(v[0].persist == 8);
+    CHECK(v[0].resident == 1024);
+    CHECK(src.find("KILN_LAUNCH_BOUNDS(256, 4)") != std::string::npos);
+    out.push_back(src);
+  }
+  {  // the block-size override keeps W2's rows at 256 threads of 8 chunks
+    runtime::gpu_block_rows_threads() = 256;
+    auto [src, v] = program(softmax(x(64, 8192), -1));
+    runtime::gpu_block_rows_threads() = 0;
+    CHECK(v[0].threads == 256);
+    CHECK(v[0].persist == 8);
+    CHECK(v[0].resident == 1024);
     out.push_back(src);
   }
   {
