@@ -14,7 +14,8 @@ import sys
 
 NAMES = {"W1 gelu chain f32": "W1", "W2 softmax f32": "W2", "W3 layer_norm bf16": "W3",
          "W8 sum f32": "W8a", "W8 var_mean f32": "W8b", "W8 sum+var_mean f32": "W8c", "W7 small MLP f32": "W7",
-         "W4 MLP step bf16": "W4", "softmax f32 [2048,65536] long rows": "softmax_long"}
+         "W4 MLP step bf16": "W4", "softmax f32 [2048,65536] long rows": "softmax_long",
+         "x*w+b bf16 [16384,4096]": "bias_rows"}
 
 
 def load(path):

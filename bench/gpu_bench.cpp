@@ -464,6 +464,20 @@ int main(int argc, char** argv) {
             time_ms([&] { auto o = eval_eager(layer_norm(x, w, b, 1e-5)); }), 2.0 * R * C * 2 + 2.0 * C * 2,
             check_rows(ys, ref), kernel_count(Mode::fused, layer_norm(x, w, b, 1e-5))});
   }
+  if (const char* name = "x*w+b bf16 [16384,4096]"; wanted(name)) {
+    // A weight and bias along the rows, pointwise (W3's shape): the two dims do not merge,
+    // so each 16-byte chunk finds its row and column by a division.
+    int64_t R = 16384, C = 4096;
+    Tensor<bf16, 2> x = cast<bf16>(randn<f32>(Shape<2>{R, C}, 5));
+    Tensor<bf16, 1> w = cast<bf16>(randn<f32>(Shape<1>{C}, 6)), b = cast<bf16>(randn<f32>(Shape<1>{C}, 7));
+    Tensor<bf16, 2> y = x * w + b;
+    // the last 64 rows (their row indices need the division's whole range)
+    auto xs = x.slice(0, R - 64, R).to_vector(), ys = y.slice(0, R - 64, R).to_vector(), wv = w.to_vector(), bv = b.to_vector();
+    std::vector<double> ref(xs.size());
+    for (size_t e = 0; e < ref.size(); ++e) ref[e] = xs[e] * wv[e % size_t(C)] + bv[e % size_t(C)];
+    report({name, time_ms([&] { Tensor<bf16, 2> o = x * w + b; }), time_ms([&] { auto o = eval_eager(x * w + b); }),
+            2.0 * R * C * 2 + 2.0 * C * 2, check_rows(ys, ref), kernel_count(Mode::fused, x * w + b)});
+  }
   if (wanted("W8")) {  // W8: sum, var_mean, and both in one function over the last dim, f32 [32768, 4096]
     int64_t R = 32768, C = 4096;
     Tensor<f32, 2> x = randn<f32>(Shape<2>{R, C}, 8);

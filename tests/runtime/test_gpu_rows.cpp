@@ -416,7 +416,8 @@ std::vector<std::string> strategy_programs(int warp) {
     CHECK(v[0].vec_rows);
     CHECK(v[1].vec == 0);  // 62 is no whole number of 4-chunks
     CHECK(v[2].vec == 0);  // x walks its rows with a stride
-    CHECK(src.find("const int64_t r = i / inner, j = i - r * inner;") != std::string::npos);
+    // each chunk's row by a division, 32-bit where the index and the row fit
+    CHECK(src.find("const int64_t r = kiln_div(i, inner), j = i - r * inner;") != std::string::npos);
     out.push_back(src);
   }
   {
@@ -715,6 +716,41 @@ TEST_CASE("rows strategies on kiln::cuda(0) against float64") {
     return;
   }
   check_strategies(kiln::cuda(0));
+}
+
+TEST_CASE("a weight and bias along rows past 2^31 elements on kiln::cuda(0): each chunk's row by the 64-bit division") {
+  if (!runtime::CudaDeviceApi::present()) {
+    MESSAGE("no CUDA GPU: skipped");
+    return;
+  }
+  // bf16 [2^19 + 513, 4096]: 2^31 + 2101248 elements (4.3 GB each way); below 2^31 the
+  // chunks' rows come from the 32-bit division, which the other bias tests cover.
+  const int64_t C = 4096, R = (int64_t(1) << 31) / C + 513;
+  const Device d = kiln::cuda(0);
+  KILN_TEST_RNG(rng);
+  auto wi = input<bf16, 1>(rng, Shape<1>{C});
+  auto bi = input<bf16, 1>(rng, Shape<1>{C});
+  Tensor<bf16, 1> w = on(d, wi.t), b = on(d, bi.t);
+  if (default_device() != d) {
+    MESSAGE("the default device is not cuda:0 (x is drawn there): skipped");
+    return;
+  }
+  Tensor<bf16, 2> x = cast<bf16>(randn<f32>(Shape<2>{R, C}, 31));
+  auto c0 = counters();
+  Tensor<bf16, 2> y = x * w + b;
+  CHECK(counters().kernels_launched - c0.kernels_launched == 1);
+  const std::vector<double> wv = w.to_vector(), bv = b.to_vector();
+  for (int64_t r0 : {int64_t(0), int64_t(1) << 19, R - 8}) {  // the first rows, those around 2^31, the last
+    CAPTURE(r0);
+    const std::vector<double> xs = x.slice(0, r0, r0 + 8).to_vector(), got = y.slice(0, r0, r0 + 8).to_vector();
+    double worst = 0;
+    for (size_t e = 0; e < got.size(); ++e) {
+      const size_t c = e % size_t(C);
+      const double want = xs[e] * wv[c] + bv[c];
+      worst = std::max(worst, std::fabs(got[e] - want) / (std::fabs(xs[e] * wv[c]) + std::fabs(bv[c]) + 1e-6));
+    }
+    CHECK(worst <= 1.0 / 128);  // bf16's rounding of the output
+  }
 }
 
 TEST_CASE("block rows under the residency, streaming and exact overrides on kiln::cuda(0) against float64") {

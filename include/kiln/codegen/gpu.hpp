@@ -153,7 +153,7 @@ class GpuKernelWriter {
     // NOTE: var < the product of the sizes, so the outermost dim's index is what is left: no
     // 64-bit division there (none at all for one outer dim, the common rows case).
     s += ind + "{ int64_t rr = " + var + "; for (int d = " + d1 + " - 1; d >= " + d0 + "; --d) { const int64_t rq = d > " + d0 +
-         " ? rr / sz[d] : 0, ix = rr - rq * sz[d]; rr = rq;";
+         " ? kiln_div(rr, sz[d]) : 0, ix = rr - rq * sz[d]; rr = rq;";
     for (size_t i = 0; i < l_.slots.size(); ++i) s += " " + prefix + std::to_string(i) + " += ix * st[" + std::to_string(i) + " * nd + d];";
     return s + " } }\n";
   }
@@ -261,7 +261,7 @@ class GpuKernelWriter {
       std::string V = std::to_string(v_.vec);
       s += "  const int64_t inner = sz[nd - 1];\n";
       s += "  for (int64_t i = tid * " + V + "; i < n; i += nthreads * " + V + ") {\n";
-      s += "    const int64_t r = i / inner, j = i - r * inner;\n";
+      s += "    const int64_t r = kiln_div(i, inner), j = i - r * inner;\n";
       s += offsets("r", "0", "nd - 1", "o", "    ");
       s += bases("    ", "o#");
       return s + element(ve, "    ", all, true) + "  }\n";
@@ -276,7 +276,7 @@ class GpuKernelWriter {
     }
     s += "  const int64_t inner = nd ? sz[nd - 1] : 1;\n";
     s += "  for (int64_t i = tid; i < n; i += nthreads) {\n";
-    s += "    const int64_t r = nd > 1 ? i / inner : 0, j = i - r * inner;\n";
+    s += "    const int64_t r = nd > 1 ? kiln_div(i, inner) : 0, j = i - r * inner;\n";
     s += offsets("r", "0", "nd - 1", "o", "    ");
     s += bases("    ", "o#");
     s += element(ve, "    ", all, false);
@@ -512,7 +512,7 @@ class GpuKernelWriter {
         t += "        for (int64_t jj = j; jj < hi; ++jj) {\n          const int64_t j = jj;\n" + body_scalar + "        }\n      }\n    }\n";
       } else {
         t += "    for (int64_t c = lo + lane; c < hi; c += gsize) {\n";
-        t += "      const int64_t ir = irows > 1 ? c / inner : 0, j = c - ir * inner;\n";
+        t += "      const int64_t ir = irows > 1 ? kiln_div(c, inner) : 0, j = c - ir * inner;\n";
         t += offsets("ir", "no", "nd - 1", "i", "      ");
         t += bases("      ", "o# + i#");
         t += body_scalar + "    }\n";
