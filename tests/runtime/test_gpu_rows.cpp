@@ -14,6 +14,8 @@
 //     compile for sm_80, sm_90, gfx90a (wave64) and gfx1030 (wave32);
 //   * gpu: the same numbers on kiln::cuda(0); block rows under the residency, streaming and
 //     exact overrides too.
+#include <bit>
+
 #include "../support/gpu_program.hpp"
 #include "../support/reference.hpp"
 
@@ -219,6 +221,27 @@ void check_bias_pointwise(Device d, int64_t rows, int64_t n, Layout l) {
   check_close(got, want, tol<DT>().scaled(2), "(x + b) * s");
 }
 
+// x * w + b, w and b [n] along the rows, x [rows, n] the first n columns of [rows, n + pad]:
+// without padding x is contiguous over both dims (its chunks loaded at the flat index, before
+// the row's division), with it only along each row.
+template <class DT>
+void check_weight_bias_pointwise(Device d, int64_t rows, int64_t n, int64_t pad) {
+  KILN_TEST_RNG(rng);
+  auto xi = input<DT, 2>(rng, Shape<2>{rows, n + pad});
+  auto wi = input<DT, 1>(rng, Shape<1>{n});
+  auto bi = input<DT, 1>(rng, Shape<1>{n});
+  auto x = on(d, xi.t).slice(1, 0, n);
+  auto w = on(d, wi.t);
+  auto b = on(d, bi.t);
+  CAPTURE(std::string("[") + std::to_string(rows) + ", " + std::to_string(n) + "] pad " + std::to_string(pad) + " on " + d.str());
+  Array want = ref::zip(ref::zip(ref::slice(xi.a, 1, 0, n), wi.a, [](double p, double q) { return p * q; }), bi.a,
+                        [](double p, double q) { return p + q; });
+  auto c0 = counters();
+  Tensor<DT, 2> got = x * w + b;
+  CHECK(counters().kernels_launched - c0.kernels_launched == 1);
+  check_close(got, want, tol<DT>().scaled(2), "x * w + b");
+}
+
 // ---- rows over several dims that a bias keeps apart: (x + b)^2, b [n] along the innermost dim ----
 // x in one of these views of a base tensor: the base itself; its last two dims swapped (x
 // walks its rows with a stride); columns 1 .. n of a base of n + 1 (the start off 16 bytes);
@@ -364,6 +387,11 @@ void check_strategies(Device d) {
   check_bias_pointwise<f32>(d, 7, 60, Layout::contiguous);    // chunks of 4
   check_bias_pointwise<f32>(d, 5, 62, Layout::contiguous);    // 62: scalar
   check_bias_pointwise<f32>(d, 6, 64, Layout::transposed);    // x strided: scalar
+  check_weight_bias_pointwise<bf16>(d, 33, 64, 0);   // x whole: its chunks at the flat index
+  check_weight_bias_pointwise<bf16>(d, 33, 64, 8);   // rows of 72: chunks within rows, x not whole
+  check_weight_bias_pointwise<f32>(d, 7, 60, 0);
+  check_weight_bias_pointwise<f32>(d, 1, 4, 0);      // one row of one chunk
+  check_weight_bias_pointwise<f16>(d, 301, 1000, 0);
 
   // Split rows: few long rows, contiguous (16-byte steps), odd (scalar steps), transposed.
   check_row_reductions(d, 4, int64_t(1) << 20, Layout::contiguous);
@@ -418,6 +446,23 @@ std::vector<std::string> strategy_programs(int warp) {
     CHECK(v[2].vec == 0);  // x walks its rows with a stride
     // each chunk's row by a division, 32-bit where the index and the row fit
     CHECK(src.find("const int64_t r = kiln_div(i, inner), j = i - r * inner;") != std::string::npos);
+    out.push_back(src);
+  }
+  {  // x * w + b: x and the output contiguous over both dims, w and b along the rows
+    auto xb = Tensor<bf16, 2>::empty(Shape<2>{33, 64}, cpu());
+    auto w = Tensor<bf16, 1>::empty(Shape<1>{64}, cpu()), b = Tensor<bf16, 1>::empty(Shape<1>{64}, cpu());
+    auto padded = Tensor<bf16, 2>::empty(Shape<2>{33, 72}, cpu()).slice(1, 0, 64);
+    auto [src, v] = program(xb * w + b, padded * w + b);
+    REQUIRE(v.size() == 2);
+    CHECK(v[0].vec_rows);
+    CHECK(std::popcount(v[0].whole) == 2);  // x and the output
+    CHECK(v[1].vec_rows);
+    CHECK(std::popcount(v[1].whole) == 1);  // the output only: x's rows are 72 apart
+    // x's chunk loaded at the flat index before the division that finds the row
+    size_t pre = src.find("kiln_load_vec<8>(L"), div = src.find("kiln_div(i, inner)");
+    CHECK(pre != std::string::npos);
+    CHECK(pre < div);
+    CHECK(src.find(" + i);\n    const int64_t r = kiln_div(i, inner)") != std::string::npos);
     out.push_back(src);
   }
   {

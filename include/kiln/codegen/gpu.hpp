@@ -71,6 +71,9 @@ struct GpuVariant {
   // innermost dim (its size a multiple of V); pointwise: each chunk's row offsets by division
   // as in the scalar loop; rows: by a cursor moved without one (chunked_rows_loop)
   bool vec_rows = false;
+  // pointwise vec_rows: bit i set where slot i is contiguous over every dim (x in x * w + b),
+  // so its chunk is at the flat index and its load need not wait for the row's division
+  uint32_t whole = 0;
 };
 
 // The workspace words a split-rows kernel's argument struct ends with: partials, counters.
@@ -196,7 +199,7 @@ class GpuKernelWriter {
   std::string chunk_loads(const std::string& ind) const {
     std::string s, V = std::to_string(v_.vec);
     for (size_t i = 0; i < l_.slots.size(); ++i)
-      if (used_[i] && !kept(int(i)) && !batched_)
+      if (used_[i] && !kept(int(i)) && !batched_ && !(i < 32 && preloaded_ >> i & 1u))
         s += ind + "alignas(16) " + stype(int(i)) + " L" + std::to_string(i) + "[" + V + "];\n" + ind + "kiln_load_vec<" + V + ">(L" +
              std::to_string(i) + ", q" + std::to_string(i) + " + j);\n";
     return s;
@@ -261,10 +264,23 @@ class GpuKernelWriter {
       std::string V = std::to_string(v_.vec);
       s += "  const int64_t inner = sz[nd - 1];\n";
       s += "  for (int64_t i = tid * " + V + "; i < n; i += nthreads * " + V + ") {\n";
+      // Slots contiguous over every dim: their chunks at the flat index, loaded before the
+      // division that finds the row (so those loads do not wait for it).
+      preloaded_ = 0;
+      for (size_t k = 0; k < l_.slots.size() && k < 32; ++k)
+        if (v_.whole >> k & 1u && l_.slots[k].role == SlotRole::load) {
+          std::string sk = std::to_string(k);
+          s += "    alignas(16) " + stype(int(k)) + " L" + sk + "[" + V + "];\n    kiln_load_vec<" + V + ">(L" + sk + ", b" + sk + " + i);\n";
+          preloaded_ |= 1u << k;
+        }
       s += "    const int64_t r = kiln_div(i, inner), j = i - r * inner;\n";
       s += offsets("r", "0", "nd - 1", "o", "    ");
+      for (size_t k = 0; k < l_.slots.size() && k < 32; ++k)  // at the flat index: q + j is b + i
+        if (v_.whole >> k & 1u) s += "    o" + std::to_string(k) + " = i - j;\n";
       s += bases("    ", "o#");
-      return s + element(ve, "    ", all, true) + "  }\n";
+      s += element(ve, "    ", all, true) + "  }\n";
+      preloaded_ = 0;
+      return s;
     }
     if (v_.vec) {  // one innermost dim (or none), every slot contiguous or broadcast, aligned
       std::string V = std::to_string(v_.vec);
@@ -770,7 +786,8 @@ class GpuKernelWriter {
   std::vector<int> online_;  // rows: per reduction, the index of the max of its online sum, or -1
   std::vector<int> folded_;  // rows: per reduction, the node whose value each element folds in
   std::vector<uint8_t> used_;  // slots read by the statements generated last (vload)
-  bool batched_ = false;       // vector statements for chunk k of a loaded batch: L<i>[k][u]
+  bool batched_ = false;       // vector statements for chunk k of a loaded batch: L<i>[k]
+  uint32_t preloaded_ = 0;     // slots whose chunk is loaded already (L<i>), ahead of the statements[u]
   int sites_ = 0;              // block reductions so far (each its own shared array)
 };
 
