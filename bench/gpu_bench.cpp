@@ -9,8 +9,8 @@
 // them beside torch_anchor.py's results); --sweep also times the rows workloads at
 // each block size of block-per-row kernels.
 // KILN_BENCH_ONLY=gemm, w4 or rows runs that part alone (rows: the copy ceiling, W1, W2,
-// W3, W8, split rows, the W4 loss's rows over 2 dims, and the sweeps); KILN_BENCH_ROW=W2
-// (W1, W3, W8, split, "2 dims") one row.
+// W3, x*w+b, W8, split rows, the W4 loss's rows over 2 dims, and the sweeps);
+// KILN_BENCH_ROW=W2 (W1, W3, x*w+b, W8, split, "2 dims") one row.
 // KILN_BENCH_GEMM_SWEEP=1 also times bf16 8192^3 and the W4 step with each GEMM config forced.
 #include <kiln/kiln.hpp>
 #include <kiln/runtime/cuda_backend.hpp>

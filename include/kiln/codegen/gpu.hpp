@@ -156,7 +156,7 @@ class GpuKernelWriter {
     // NOTE: var < the product of the sizes, so the outermost dim's index is what is left: no
     // 64-bit division there (none at all for one outer dim, the common rows case).
     s += ind + "{ int64_t rr = " + var + "; for (int d = " + d1 + " - 1; d >= " + d0 + "; --d) { const int64_t rq = d > " + d0 +
-         " ? kiln_div(rr, sz[d]) : 0, ix = rr - rq * sz[d]; rr = rq;";
+         " ? rr / sz[d] : 0, ix = rr - rq * sz[d]; rr = rq;";
     for (size_t i = 0; i < l_.slots.size(); ++i) s += " " + prefix + std::to_string(i) + " += ix * st[" + std::to_string(i) + " * nd + d];";
     return s + " } }\n";
   }
@@ -265,7 +265,8 @@ class GpuKernelWriter {
       s += "  const int64_t inner = sz[nd - 1];\n";
       s += "  for (int64_t i = tid * " + V + "; i < n; i += nthreads * " + V + ") {\n";
       // Slots contiguous over every dim: their chunks at the flat index, loaded before the
-      // division that finds the row (so those loads do not wait for it).
+      // division that finds the row (so those loads do not wait for it; NVVM divides in 32
+      // bits where both operands fit, about 20 instructions).
       preloaded_ = 0;
       for (size_t k = 0; k < l_.slots.size() && k < 32; ++k)
         if (v_.whole >> k & 1u && l_.slots[k].role == SlotRole::load) {
@@ -273,7 +274,7 @@ class GpuKernelWriter {
           s += "    alignas(16) " + stype(int(k)) + " L" + sk + "[" + V + "];\n    kiln_load_vec<" + V + ">(L" + sk + ", b" + sk + " + i);\n";
           preloaded_ |= 1u << k;
         }
-      s += "    const int64_t r = kiln_div(i, inner), j = i - r * inner;\n";
+      s += "    const int64_t r = i / inner, j = i - r * inner;\n";
       s += offsets("r", "0", "nd - 1", "o", "    ");
       for (size_t k = 0; k < l_.slots.size() && k < 32; ++k)  // at the flat index: q + j is b + i
         if (v_.whole >> k & 1u) s += "    o" + std::to_string(k) + " = i - j;\n";
@@ -292,7 +293,7 @@ class GpuKernelWriter {
     }
     s += "  const int64_t inner = nd ? sz[nd - 1] : 1;\n";
     s += "  for (int64_t i = tid; i < n; i += nthreads) {\n";
-    s += "    const int64_t r = nd > 1 ? kiln_div(i, inner) : 0, j = i - r * inner;\n";
+    s += "    const int64_t r = nd > 1 ? i / inner : 0, j = i - r * inner;\n";
     s += offsets("r", "0", "nd - 1", "o", "    ");
     s += bases("    ", "o#");
     s += element(ve, "    ", all, false);
@@ -528,7 +529,7 @@ class GpuKernelWriter {
         t += "        for (int64_t jj = j; jj < hi; ++jj) {\n          const int64_t j = jj;\n" + body_scalar + "        }\n      }\n    }\n";
       } else {
         t += "    for (int64_t c = lo + lane; c < hi; c += gsize) {\n";
-        t += "      const int64_t ir = irows > 1 ? kiln_div(c, inner) : 0, j = c - ir * inner;\n";
+        t += "      const int64_t ir = irows > 1 ? c / inner : 0, j = c - ir * inner;\n";
         t += offsets("ir", "no", "nd - 1", "i", "      ");
         t += bases("      ", "o# + i#");
         t += body_scalar + "    }\n";
@@ -786,8 +787,8 @@ class GpuKernelWriter {
   std::vector<int> online_;  // rows: per reduction, the index of the max of its online sum, or -1
   std::vector<int> folded_;  // rows: per reduction, the node whose value each element folds in
   std::vector<uint8_t> used_;  // slots read by the statements generated last (vload)
-  bool batched_ = false;       // vector statements for chunk k of a loaded batch: L<i>[k]
-  uint32_t preloaded_ = 0;     // slots whose chunk is loaded already (L<i>), ahead of the statements[u]
+  bool batched_ = false;       // vector statements for chunk k of a loaded batch: L<i>[k][u]
+  uint32_t preloaded_ = 0;     // slots whose chunk is loaded already (L<i>), ahead of the statements
   int sites_ = 0;              // block reductions so far (each its own shared array)
 };
 

@@ -298,7 +298,8 @@ inline int pointwise_rows_vec(const ir::Graph& g, const codegen::Layout& l, cons
 // The slots (bit i: slot i) contiguous over every dim of a pointwise kernel's domain, each
 // dim's stride the product of the sizes inside it (any stride where the size is 1): their
 // offset is the flat index. NOTE: on an H200 bf16 x * w + b over [16384, 4096] went from
-// 72.5 to ... % of copy once x's loads no longer waited for the row's division.
+// 72.5 to 76.7% of copy once x's loads no longer waited for the row's division (torch.compile,
+// whose sizes are constants, 92.6%).
 inline uint32_t whole_slots(const codegen::Layout& l, const KernelArgs& a) {
   int nd = int(a.meta[0]);
   uint32_t mask = 0;

@@ -43,13 +43,6 @@ typedef unsigned short uint16_t;
 
 KILN_FN double kiln_bits_to_f64(uint64_t b) { return __longlong_as_double((long long)b); }
 
-// a / b for a >= 0, b > 0: the 32-bit division where both fit. A 64-bit division is a call
-// of about a hundred instructions; a kernel whose addresses wait on one per 16-byte chunk
-// (bf16 x * w + b over [16384, 4096] on an H200) ran at 64% of copy.
-KILN_FN int64_t kiln_div(int64_t a, int64_t b) {
-  return ((uint64_t)(a | b) >> 31) == 0 ? (int64_t)((uint32_t)a / (uint32_t)b) : a / b;
-}
-
 // Math in the compute type (f32 for f32/f16/bf16, f64 for f64); IEEE functions, no fast-math.
 KILN_FN float kiln_exp(float x) { return expf(x); }
 KILN_FN double kiln_exp(double x) { return exp(x); }
