@@ -199,7 +199,7 @@ class GpuKernelWriter {
   std::string chunk_loads(const std::string& ind) const {
     std::string s, V = std::to_string(v_.vec);
     for (size_t i = 0; i < l_.slots.size(); ++i)
-      if (used_[i] && !kept(int(i)) && !batched_ && !(i < 32 && preloaded_ >> i & 1u))
+      if (used_[i] && !kept(int(i)) && !batched_ && !whole(i))
         s += ind + "alignas(16) " + stype(int(i)) + " L" + std::to_string(i) + "[" + V + "];\n" + ind + "kiln_load_vec<" + V + ">(L" +
              std::to_string(i) + ", q" + std::to_string(i) + " + j);\n";
     return s;
@@ -267,21 +267,17 @@ class GpuKernelWriter {
       // Slots contiguous over every dim: their chunks at the flat index, loaded before the
       // division that finds the row (so those loads do not wait for it; NVVM divides in 32
       // bits where both operands fit, about 20 instructions).
-      preloaded_ = 0;
-      for (size_t k = 0; k < l_.slots.size() && k < 32; ++k)
-        if (v_.whole >> k & 1u && l_.slots[k].role == SlotRole::load) {
+      for (size_t k = 0; k < l_.slots.size(); ++k)
+        if (whole(k) && l_.slots[k].role == SlotRole::load) {
           std::string sk = std::to_string(k);
           s += "    alignas(16) " + stype(int(k)) + " L" + sk + "[" + V + "];\n    kiln_load_vec<" + V + ">(L" + sk + ", b" + sk + " + i);\n";
-          preloaded_ |= 1u << k;
         }
       s += "    const int64_t r = i / inner, j = i - r * inner;\n";
       s += offsets("r", "0", "nd - 1", "o", "    ");
-      for (size_t k = 0; k < l_.slots.size() && k < 32; ++k)  // at the flat index: q + j is b + i
-        if (v_.whole >> k & 1u) s += "    o" + std::to_string(k) + " = i - j;\n";
+      for (size_t k = 0; k < l_.slots.size(); ++k)  // at the flat index: q + j is b + i
+        if (whole(k)) s += "    o" + std::to_string(k) + " = i - j;\n";
       s += bases("    ", "o#");
-      s += element(ve, "    ", all, true) + "  }\n";
-      preloaded_ = 0;
-      return s;
+      return s + element(ve, "    ", all, true) + "  }\n";
     }
     if (v_.vec) {  // one innermost dim (or none), every slot contiguous or broadcast, aligned
       std::string V = std::to_string(v_.vec);
@@ -300,6 +296,9 @@ class GpuKernelWriter {
     return s + "  }\n";
   }
 
+  // Pointwise over rows: slot i contiguous over every dim (GpuVariant::whole), its chunk
+  // loaded at the flat index ahead of the statements.
+  bool whole(size_t i) const { return i < 32 && (v_.whole >> i & 1u); }
   // Persistent rows keep in registers the slots the reductions read; the rest
   // (weights read only by the final pass, say) are loaded where they are used.
   bool kept(int i) const { return v_.persist && i < int(kept_.size()) && kept_[size_t(i)]; }
@@ -788,7 +787,6 @@ class GpuKernelWriter {
   std::vector<int> folded_;  // rows: per reduction, the node whose value each element folds in
   std::vector<uint8_t> used_;  // slots read by the statements generated last (vload)
   bool batched_ = false;       // vector statements for chunk k of a loaded batch: L<i>[k][u]
-  uint32_t preloaded_ = 0;     // slots whose chunk is loaded already (L<i>), ahead of the statements
   int sites_ = 0;              // block reductions so far (each its own shared array)
 };
 

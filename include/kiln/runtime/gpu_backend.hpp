@@ -382,7 +382,8 @@ inline codegen::GpuVariant gpu_variant(const ir::Graph& g, const sched::Kernel& 
     // copy); 256 threads holding 8 chunks each left 4 (92.2%).
     int t = 64;
     while (t < 1024 && int64_t(t) * 4 < chunks && !(t >= 256 && int64_t(t) * 8 >= chunks)) t *= 2;
-    if (int forced = gpu_block_rows_threads().load(std::memory_order_relaxed); forced > 0) t = forced;
+    const int forced_threads = gpu_block_rows_threads().load(std::memory_order_relaxed);
+    if (forced_threads > 0) t = forced_threads;
     v.threads = t;
     const int resident_override = gpu_block_rows_resident().load(std::memory_order_relaxed);
     if (resident_override > 0) v.resident = resident_override;
@@ -393,7 +394,7 @@ inline codegen::GpuVariant gpu_variant(const ir::Graph& g, const sched::Kernel& 
     // registers each, 1536 resident: more warps through each row's reductions and
     // exponentials. On an H200 W2 went from 94.0 to 94.9% of copy (its own kernel timed both
     // ways in one run); only where the 512-thread row stays within 32 registers.
-    if (v.persist == 8 && t == 256 && gpu_block_rows_threads().load(std::memory_order_relaxed) <= 0 && resident_override == 0) {
+    if (v.persist == 8 && t == 256 && forced_threads <= 0 && resident_override == 0) {
       codegen::GpuVariant wide = v;
       wide.threads = 512, wide.persist = 4;
       if (codegen::GpuKernelWriter(g, k, 0, wide).row_registers() <= 32) v.threads = 512, v.persist = 4, v.resident = 1536;
