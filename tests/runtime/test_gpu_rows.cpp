@@ -375,6 +375,9 @@ std::vector<std::string> bias_rows_programs(int warp) {
         CHECK(v.vec_rows == (vec > 0));
       }
       if (!v.vec_rows) continue;  // the scalar loop: compiled by the other cases
+      // reduced over several dims: the rank and the outer dims constants of the program
+      CHECK(v.rank - v.outer_rank > 1);
+      CHECK(p.src.find("constexpr int nd = " + std::to_string(v.rank) + ", no = " + std::to_string(v.outer_rank) + ";") != std::string::npos);
       CHECK(p.src.find("dq = inner ? step / inner : 0") != std::string::npos);
       out.push_back(p.src);
     }
@@ -457,11 +460,24 @@ std::vector<std::string> strategy_programs(int warp) {
     CHECK(std::popcount(v[0].whole) == 2);  // x and the output
     CHECK(v[1].vec_rows);
     CHECK(std::popcount(v[1].whole) == 1);  // the output only: x's rows are 72 apart
+    CHECK(v[0].rank == 2);  // the rank a constant: the offsets unrolled
+    CHECK(src.find("constexpr int nd = 2, no = ") != std::string::npos);
+    CHECK(v[0].resident == 2048);  // 32 registers a thread
+    CHECK(src.find("KILN_LAUNCH_BOUNDS(256, 8)") != std::string::npos);
     // x's chunk loaded at the flat index before the division that finds the row
     size_t pre = src.find("kiln_load_vec<8>(L"), div = src.find("= i / inner");
     CHECK(pre != std::string::npos);
     CHECK(pre < div);
     CHECK(src.find(" + i);\n    const int64_t r = i / inner") != std::string::npos);
+    out.push_back(src);
+  }
+  {  // random numbers drawn: the Philox streams need more than 32 registers
+    auto xb = Tensor<f32, 2>::empty(Shape<2>{33, 64}, cpu());
+    auto [src, v] = program(randn<f32>(Shape<2>{33, 64}, 3) * xb + Tensor<f32, 1>::empty(Shape<1>{64}, cpu()));
+    REQUIRE(v.size() == 1);
+    CHECK(v[0].vec_rows);
+    CHECK(v[0].resident == 1024);
+    CHECK(src.find("KILN_LAUNCH_BOUNDS(256, 4)") != std::string::npos);
     out.push_back(src);
   }
   {
@@ -707,6 +723,9 @@ TEST_CASE("rows over several dims a bias keeps apart: 16-byte chunks within rows
   CHECK(p.vars[0].split);
   CHECK(p.vars[0].vec == 8);
   CHECK(p.vars[0].vec_rows);
+  CHECK(p.vars[0].rank == 2);  // both dims reduced, none kept: constants of the program
+  CHECK(p.vars[0].outer_rank == 0);
+  CHECK(p.src.find("constexpr int nd = 2, no = 0;") != std::string::npos);
 }
 
 TEST_CASE("rows strategies: split rows, rows per lane group, per warp, per block, against float64") {

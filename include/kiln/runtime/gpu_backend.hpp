@@ -355,6 +355,14 @@ inline codegen::GpuVariant gpu_variant(const ir::Graph& g, const sched::Kernel& 
   if (!flat && (k.kind == sched::KernelKind::pointwise || (k.kind == sched::KernelKind::rows && inner_dims > 1)))
     v.vec = pointwise_rows_vec(g, l, a), v.vec_rows = v.vec > 0;
   if (v.vec_rows && k.kind == sched::KernelKind::pointwise) v.whole = whole_slots(l, a);
+  if ((k.kind == sched::KernelKind::pointwise && nd > 1) || (k.kind == sched::KernelKind::rows && inner_dims > 1))
+    v.rank = nd, v.outer_rank = no;
+  // Pointwise: 2048 threads resident, so launch bounds cap a thread at 32 registers. NOTE: on
+  // an H200 bf16 x * w + b over [16384, 4096] went from 85.7 to 93.0% of copy when its 34
+  // registers (1792 resident) became 29. Not where random numbers are drawn: randn's two Philox
+  // streams spill there (ptxas, sm_90); gelu, tanh, erf, pow and trigonometric chains fit.
+  auto random = [](const codegen::Slot& s) { return s.role == codegen::SlotRole::rand; };
+  if (k.kind == sched::KernelKind::pointwise && std::none_of(l.slots.begin(), l.slots.end(), random)) v.resident = 2048;
   if (k.kind == sched::KernelKind::rows) {
     auto [outer, per_row] = rows_extent(a);
     if (column_rows(k, l, a, warp)) {
@@ -510,6 +518,7 @@ inline std::string variant_text(const sched::Kernel& k, const codegen::GpuVarian
   if (v.persist) s += " persist " + std::to_string(v.persist) + (v.exact ? " exact" : "");
   if (v.vec) s += " vec " + std::to_string(v.vec) + (v.vec_rows ? " in rows" : "");
   if (v.whole) s += " whole slots " + std::to_string(v.whole);
+  if (v.rank) s += " rank " + std::to_string(v.rank) + " (" + std::to_string(v.outer_rank) + " outer)";
   if (v.stream) s += " streaming";
   return s + " threads " + std::to_string(v.threads) + (v.resident != 1024 ? " resident " + std::to_string(v.resident) : "");
 }
@@ -528,9 +537,9 @@ inline Hash128 variant_key(const std::vector<codegen::GpuVariant>& vars) {
   for (const codegen::GpuVariant& v : vars) {
     if (!v.strides.empty()) vh.add(v.strides.data(), v.strides.size());
     const codegen::GemmConfig& gc = v.gemm;
-    int32_t w[23] = {v.vec, v.group, v.persist, v.split, v.threads, int(gc.kind), gc.bm, gc.bn, gc.bk, gc.wm, gc.wn, gc.stages,
+    int32_t w[25] = {v.vec, v.group, v.persist, v.split, v.threads, int(gc.kind), gc.bm, gc.bn, gc.bk, gc.wm, gc.wn, gc.stages,
                      gc.persistent, gc.split_epilogue, v.gemm_ops.a_k_major, v.gemm_ops.b_k_major, v.cols, v.epilogue_vec, v.vec_rows,
-                     v.resident, v.stream, v.exact, int32_t(v.whole)};
+                     v.resident, v.stream, v.exact, int32_t(v.whole), v.rank, v.outer_rank};
     vh.add(w, sizeof w);
   }
   return vh.digest();
