@@ -268,6 +268,31 @@ static std::string w4_step_bench() {
     }
     codegen::gemm_chooser() = nullptr;
   }
+  if (const char* groups = std::getenv("KILN_BENCH_GEMM_GROUPS")) {
+    // The step with every GEMM's raster group forced (e.g. "8,16,32"; the heuristic's configs
+    // otherwise), three rounds alternated: 100 steps back to back (the clock then settles
+    // where the power limit holds it), and the flushed median.
+    std::vector<int> gs;
+    for (const char* c = groups; *c;) {
+      char* end = nullptr;
+      long g = std::strtol(c, &end, 10);
+      if (end == c) break;
+      if (g > 0) gs.push_back(int(g));
+      c = *end ? end + 1 : end;
+    }
+    for (int r = 0; r < 3; ++r)
+      for (int g : gs) {
+        codegen::gemm_chooser() = [g](const codegen::GemmProblem& q) {
+          codegen::GemmConfig c = codegen::gemm_heuristic(q);
+          c.group = g;
+          return std::optional(c);
+        };
+        double loop = loop_ms([&] { auto o = run(Mode::fused, st); }, 100), flushed = time_ms([&] { auto o = run(Mode::fused, st); }, 10);
+        std::printf("W4 fused, round %d, GEMM raster groups of %2d tiles: back to back %8.3f ms, flushed %8.3f ms\n", r, g, loop, flushed);
+        std::fflush(stdout);
+      }
+    codegen::gemm_chooser() = nullptr;
+  }
   double worst = std::max({e_loss, e[0], e[1], e[2], e[3], e[4]});
   // max-autotune from cold: a fresh cache directory (no tuning database, no compiled candidate
   // on disk); the first call tunes every matmul and compiles; then the tuned step's time.

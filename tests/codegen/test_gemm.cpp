@@ -345,6 +345,7 @@ TEST_CASE("the persistent Hopper kernel: a block per SM walks the tiles; it comp
   for (const GemmConfig& c : persistent) {
     CAPTURE(c.str());
     CHECK(c.str().substr(c.str().rfind('_')) == (c.split_epilogue ? "_pe" : "_p"));
+    CHECK(c.group == 8);
     GemmHook force(c);
     // 2048 x 4096: 16 x 16 tiles of 128 x 256 (16 x 32 of 128 x 128) on 132 SMs; 64 x 48: one tile
     GpuProgram p = cuda_program(90, kiln::gelu(matmul(e(2048, 1024), e(1024, 4096)) + b), matmul(e(64, 32), e(32, 48)));
@@ -367,6 +368,18 @@ TEST_CASE("the persistent Hopper kernel: a block per SM walks the tiles; it comp
     REQUIRE(q.matmuls().size() == 2);
     for (const auto& v : q.matmuls()) CHECK(v.gemm == c);
   }
+  // Another raster group height: its own program (the variant's key), named in the config.
+  GemmConfig g16 = persistent.front();
+  g16.group = 16;
+  CHECK(g16.str() == persistent.front().str() + "_g16");
+  GemmHook force(g16);
+  GpuProgram p = cuda_program(90, matmul(e(2048, 1024), e(1024, 4096)));
+  REQUIRE(p.matmuls().size() == 1);
+  CHECK(p.matmuls()[0].gemm.group == 16);
+  CHECK(p.src.find("pid / (16 * gn) * 16") != std::string::npos);
+  std::vector<codegen::GpuVariant> v8 = p.vars;
+  for (auto& v : v8) v.gemm.group = 8;
+  CHECK(runtime::variant_key(p.vars) != runtime::variant_key(v8));
 }
 
 }  // TEST_SUITE("nvrtc")
@@ -695,9 +708,12 @@ TEST_CASE("GPU GEMM: the persistent Hopper kernel over more tiles than SMs, each
   Array want2 = ref::zip(product(xt.a, wt.a, scale2), r.a, [](double p, double q) { return p + q; });
   Array bound2 = ref::zip(scale2, r.a, [](double p, double q) { return p + std::fabs(q); });
   int persistent = 0;
-  for (const GemmConfig& c : codegen::gemm_candidates(DType::bf16, 90)) {
-    if (!c.persistent) continue;
-    ++persistent;
+  std::vector<GemmConfig> configs;
+  for (const GemmConfig& c : codegen::gemm_candidates(DType::bf16, 90))
+    if (c.persistent) configs.push_back(c), ++persistent;
+  // Raster groups of other heights: 3 (9 tile rows in three groups), 16 (one group, partial).
+  for (int g : {3, 16}) configs.push_back(configs.front()), configs.back().group = g;
+  for (const GemmConfig& c : configs) {
     CAPTURE(c.str());
     Batch batch;
     batch.check(kiln::gelu(kiln::matmul(x.t, w.t) + b.t), ref::map(pre, ref::gelu), tol<bf16>().scaled(2), "gelu(x @ w + b)", bound);

@@ -57,6 +57,9 @@ struct GemmConfig {
   // consumers leave each tile's accumulators in shared memory (in the output's 16-bit dtype:
   // the matmul's own value) and go on to the next tile's MMAs while it is stored (gemm_sm90.hpp).
   bool split_epilogue = false;
+  // Tiles of a raster group, one above the other: consecutive tiles walk down a group before
+  // the next column, so a wave of blocks shares A's row panels and B's column panels in L2.
+  int group = 8;
 
   int threads() const {
     if (kind == GemmKind::wgmma) return (bm / wm + 1) * 128;
@@ -66,7 +69,7 @@ struct GemmConfig {
     static const char* names[] = {"simt", "mma", "wgmma", "mfma"};
     return std::string(names[int(kind)]) + "_" + std::to_string(bm) + "x" + std::to_string(bn) +
            "x" + std::to_string(bk) + "_" + std::to_string(wm) + "x" + std::to_string(wn) + "_s" + std::to_string(stages) +
-           (persistent ? "_p" : "") + (split_epilogue ? "e" : "");
+           (persistent ? "_p" : "") + (split_epilogue ? "e" : "") + (group != 8 ? "_g" + std::to_string(group) : "");
   }
   bool operator==(const GemmConfig&) const = default;
 };
@@ -284,14 +287,15 @@ class GemmWriter {
     s += "  constexpr int BM = " + std::to_string(c_.bm) + ", BN = " + std::to_string(c_.bn) + ", BK = " + std::to_string(c_.bk) +
          ", WM = " + std::to_string(c_.wm) + ", WN = " + std::to_string(c_.wn) + ", NT = " + std::to_string(c_.threads()) + ";\n";
     if (c_.persistent) return s;  // its tile loop places each tile (tile_origin)
-    return s + "  int64_t m0, n0;\n" + tile_origin("blockIdx.x", "  ");
+    return s + "  int64_t m0, n0;\n" + tile_origin("blockIdx.x", "  ", c_.group);
   }
   // Sets m0, n0 to the origin of tile number `pid`, in a grouped raster: consecutive tiles
-  // share A row panels (8 tiles tall) so that they meet in L2.
-  static std::string tile_origin(const std::string& pid, const std::string& ind) {
+  // share A row panels (`group` tiles tall) so that they meet in L2.
+  static std::string tile_origin(const std::string& pid, const std::string& ind, int group) {
+    const std::string G = std::to_string(group);
     std::string s = ind + "{\n" + ind + "  const int64_t gm = (Mr + BM - 1) / BM, gn = (N + BN - 1) / BN, pid = " + pid + ";\n";
-    s += ind + "  const int64_t first = pid / (8 * gn) * 8, rows = gm - first < 8 ? gm - first : 8;\n";
-    s += ind + "  m0 = (first + (pid % (8 * gn)) % rows) * BM; n0 = (pid % (8 * gn)) / rows * BN;\n";
+    s += ind + "  const int64_t first = pid / (" + G + " * gn) * " + G + ", rows = gm - first < " + G + " ? gm - first : " + G + ";\n";
+    s += ind + "  m0 = (first + (pid % (" + G + " * gn)) % rows) * BM; n0 = (pid % (" + G + " * gn)) / rows * BN;\n";
     return s + ind + "}\n";
   }
   // One output element's store, skipped past M and N (`checked`), or unconditional (a

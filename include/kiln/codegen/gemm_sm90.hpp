@@ -78,7 +78,7 @@ class WgmmaWriter {
     auto tiles_open = [&](const std::string& ind) {
       if (!persistent) return std::string();
       return ind + "for (int64_t tile = blockIdx.x; tile < kiln_tiles; tile += gridDim.x) {\n" + ind + "  int64_t m0, n0;\n" +
-             GemmWriter::tile_origin("tile", ind + "  ");
+             GemmWriter::tile_origin("tile", ind + "  ", c_.group);
     };
     auto tiles_close = [&](const std::string& ind) { return persistent ? ind + "}\n" : std::string(); };
     // Registers: the producer gives its own up (setmaxnreg) for the consumers' accumulators and
