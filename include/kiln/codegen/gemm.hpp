@@ -59,6 +59,8 @@ struct GemmConfig {
   bool split_epilogue = false;
   // Tiles of a raster group, one above the other: consecutive tiles walk down a group before
   // the next column, so a wave of blocks shares A's row panels and B's column panels in L2.
+  // NOTE: on an H200 W4's step took the same time at 16 as at 8, longer at 32 and 64
+  // (KILN_BENCH_GEMM_GROUPS; docs/benchmarks.md, twelfth session).
   int group = 8;
 
   int threads() const {
