@@ -108,8 +108,8 @@ class GpuKernelWriter {
     // NOTE: the bounds are the block size the host launches with (it is part of the variant). On
     // AMD that lifts the default bound of 1024 work-items, which caps each lane's registers as if
     // 16 wavefronts shared a CU; on NVIDIA the blocks-per-SM hint keeps `resident` threads
-    // (1024 unless a benchmark's override says otherwise) resident (GEMM tiles ask for none:
-    // their registers are the tile).
+    // resident (gpu_variant's choice: 1024, 2048 for pointwise kernels, more for some block
+    // rows; GEMM tiles ask for none: their registers are the tile).
     bool mm = k_.kind == sched::KernelKind::matmul;
     int threads = mm ? v_.gemm.threads() : v_.threads;
     s += "extern \"C\" __global__ void KILN_LAUNCH_BOUNDS(" + std::to_string(threads) + ", " +
