@@ -39,8 +39,8 @@ struct CudaDeviceApi : GpuDeviceApi<DeviceKind::cuda, codegen::GpuDialect::cuda>
     if (api.cuTensorMapEncodeTiled == nullptr)
       throw Error("kiln: the CUDA driver (" + api.path + ") has no cuTensorMapEncodeTiled: the wgmma GEMM needs a CUDA 12+ driver");
     int nd = int(a.meta[0]);
-    auto size = [&](int d) { return uint64_t(a.meta[size_t(2 + d)]); };
-    auto stride = [&](int slot, int d) { return uint64_t(a.meta[size_t(2 + nd + slot * nd + d)]) * 2; };  // bytes
+    auto size = [&](int d) { return uint64_t(a.size(d)); };
+    auto stride = [&](int slot, int d) { return uint64_t(a.stride(size_t(slot), d)) * 2; };  // bytes
     uint64_t k = uint64_t(a.meta[1]), m = size(nd - 2), n = size(nd - 1);
     auto encode = [&](TensorMaps::Map& map, int slot, bool k_major, uint64_t mn, unsigned k_major_rows) {
       // slot 0 is A [M, K], slot 1 is B [K, N]: which meta dim is K and which is M or N.

@@ -75,33 +75,31 @@ inline codegen::GemmProblem gemm_problem(const ir::Graph& g, const sched::Kernel
                                          int sm_count) {
   codegen::GemmProblem p;
   int nd = int(a.meta[0]);
-  auto size = [&](int d) { return a.meta[size_t(2 + d)]; };
-  auto stride = [&](int slot, int d) { return a.meta[size_t(2 + nd + slot * nd + d)]; };
-  p.k = a.meta[1], p.m = size(nd - 2), p.n = size(nd - 1);
-  for (int d = 0; d + 2 < nd; ++d) p.batch *= size(d);
+  p.k = a.meta[1], p.m = a.size(nd - 2), p.n = a.size(nd - 1);
+  for (int d = 0; d + 2 < nd; ++d) p.batch *= a.size(d);
   p.dtype = g.nodes[size_t(k.domain)].dtype;
   p.arch = arch, p.sm_count = std::max(sm_count, 1);
   // A [M, K]: K-major when K is contiguous (or M is 1); B [K, N]: K-major when K is contiguous and N is not.
-  p.ops.a_k_major = stride(0, nd - 1) == 1 || p.k == 1 || (p.m != 1 && stride(0, nd - 2) != 1);
-  p.ops.b_k_major = stride(1, nd - 2) == 1 && p.k != 1 && !(stride(1, nd - 1) == 1 && p.n != 1);
+  p.ops.a_k_major = a.stride(0, nd - 1) == 1 || p.k == 1 || (p.m != 1 && a.stride(0, nd - 2) != 1);
+  p.ops.b_k_major = a.stride(1, nd - 2) == 1 && p.k != 1 && !(a.stride(1, nd - 1) == 1 && p.n != 1);
   int64_t es = int64_t(info(p.dtype).bytes);
   bool ok = true;
-  auto inner_ok = [&](int slot, int d, int64_t extent) { return extent == 1 || stride(slot, d) == 1; };
-  auto outer_ok = [&](int slot, int d, int64_t extent) { return extent == 1 || (stride(slot, d) * es) % 16 == 0; };
+  auto inner_ok = [&](int slot, int d, int64_t extent) { return extent == 1 || a.stride(slot, d) == 1; };
+  auto outer_ok = [&](int slot, int d, int64_t extent) { return extent == 1 || (a.stride(slot, d) * es) % 16 == 0; };
   if (p.ops.a_k_major) ok = inner_ok(0, nd - 1, p.k) && outer_ok(0, nd - 2, p.m);
   else ok = inner_ok(0, nd - 2, p.m) && outer_ok(0, nd - 1, p.k);
   if (p.ops.b_k_major) ok = ok && inner_ok(1, nd - 2, p.k) && outer_ok(1, nd - 1, p.n);
   else ok = ok && inner_ok(1, nd - 1, p.n) && outer_ok(1, nd - 2, p.k);
   for (int s = 0; s < 2; ++s) {
     ok = ok && reinterpret_cast<uintptr_t>(a.ptrs[size_t(s)]) % 16 == 0;
-    for (int d = 0; d + 2 < nd; ++d) ok = ok && (stride(s, d) * es) % 16 == 0;
+    for (int d = 0; d + 2 < nd; ++d) ok = ok && (a.stride(s, d) * es) % 16 == 0;
   }
   p.tensor_ok = ok;
   // The copy engine (wgmma) steps every row and batch stride in 16-byte units, even
   // of a dim of size 1, over at most one batch dim, with 32-bit coordinates.
-  auto steps = [&](int slot, int d) { return stride(slot, d) > 0 && (stride(slot, d) * es) % 16 == 0; };
+  auto steps = [&](int slot, int d) { return a.stride(slot, d) > 0 && (a.stride(slot, d) * es) % 16 == 0; };
   auto coord = [](int64_t v) { return v >= 1 && v < (int64_t(1) << 31); };
-  p.tma_ok = ok && nd <= 3 && coord(p.m) && coord(p.n) && coord(p.k) && (nd < 3 || coord(size(0))) &&
+  p.tma_ok = ok && nd <= 3 && coord(p.m) && coord(p.n) && coord(p.k) && (nd < 3 || coord(a.size(0))) &&
              steps(0, p.ops.a_k_major ? nd - 2 : nd - 1) && steps(1, p.ops.b_k_major ? nd - 1 : nd - 2);
   return p;
 }
@@ -150,8 +148,8 @@ inline std::atomic<int>& gpu_pointwise_blocks_per_sm() {
 inline std::pair<int64_t, int64_t> rows_extent(const KernelArgs& a) {
   int nd = int(a.meta[0]), no = int(a.meta[1]);
   int64_t outer = 1, per_row = 1;
-  for (int d = 0; d < no; ++d) outer *= a.meta[size_t(2 + d)];
-  for (int d = no; d < nd; ++d) per_row *= a.meta[size_t(2 + d)];
+  for (int d = 0; d < no; ++d) outer *= a.size(d);
+  for (int d = no; d < nd; ++d) per_row *= a.size(d);
   return {outer, per_row};
 }
 
@@ -179,12 +177,11 @@ inline bool one_pass_rows(const sched::Kernel& k) {
 inline bool column_rows(const sched::Kernel& k, const codegen::Layout& l, const KernelArgs& a, int warp) {
   int nd = int(a.meta[0]), no = int(a.meta[1]);
   if (!one_pass_rows(k) || no < 1 || nd - no != 1 || rows_extent(a).first < 8 * int64_t(warp)) return false;
-  auto stride = [&](size_t slot, int d) { return a.meta[size_t(2 + nd) + slot * size_t(nd) + size_t(d)]; };
   bool strided = false;
   for (size_t i = 0; i < l.slots.size(); ++i) {
     if (l.slots[i].role != codegen::SlotRole::load) continue;
-    if (stride(i, no - 1) > 1) return false;
-    strided |= stride(i, nd - 1) > 1;
+    if (a.stride(i, no - 1) > 1) return false;
+    strided |= a.stride(i, nd - 1) > 1;
   }
   return strided;
 }
@@ -207,15 +204,13 @@ inline int cols_vec_width(const ir::Graph& g, const codegen::Layout& l) {
 // column per thread.
 inline int cols_vec(const ir::Graph& g, const codegen::Layout& l, const KernelArgs& a) {
   int nd = int(a.meta[0]), no = int(a.meta[1]), V = cols_vec_width(g, l);
-  auto size = [&](int d) { return a.meta[size_t(2 + d)]; };
-  auto stride = [&](size_t slot, int d) { return a.meta[size_t(2 + nd) + slot * size_t(nd) + size_t(d)]; };
-  if (V < 2 || size(no - 1) % V) return 0;
+  if (V < 2 || a.size(no - 1) % V) return 0;
   for (size_t i = 0; i < l.slots.size(); ++i) {
     if (l.slots[i].role != codegen::SlotRole::load) continue;
     int64_t es = int64_t(info(g.nodes[size_t(l.slots[i].node)].dtype).bytes);
-    if (stride(i, no - 1) != 1 || reinterpret_cast<uintptr_t>(a.ptrs[i]) % 16) return 0;
+    if (a.stride(i, no - 1) != 1 || reinterpret_cast<uintptr_t>(a.ptrs[i]) % 16) return 0;
     for (int d = 0; d < nd; ++d)
-      if (d != no - 1 && size(d) > 1 && (stride(i, d) * es) % 16) return 0;
+      if (d != no - 1 && a.size(d) > 1 && (a.stride(i, d) * es) % 16) return 0;
   }
   return V;
 }
@@ -254,17 +249,16 @@ inline int64_t gpu_cols_split(int64_t outer, int64_t rows, int vec, int threads,
 inline bool vector_epilogue(const ir::Graph& g, const codegen::Layout& l, const KernelArgs& a, std::vector<codegen::Stride>& cls) {
   constexpr int64_t W = codegen::kGemmGroupWidth;
   int nd = int(a.meta[0]);
-  auto stride = [&](int slot, int d) { return a.meta[size_t(2 + nd + slot * nd + d)]; };
   for (int i : l.epilogue_slots) {
     const codegen::Slot& s = l.slots[size_t(i)];
-    int64_t col = stride(i, nd - 1);
+    int64_t col = a.stride(i, nd - 1);
     if (s.role == codegen::SlotRole::rand || (col != 1 && !(col == 0 && s.role == codegen::SlotRole::load))) return false;
     if (col == 0) continue;
     if (reinterpret_cast<uintptr_t>(a.ptrs[size_t(i)]) % uintptr_t(W * int64_t(info(g.nodes[size_t(s.node)].dtype).bytes))) return false;
     for (int d = 0; d + 1 < nd; ++d)
-      if (stride(i, d) % W) return false;
+      if (a.stride(i, d) % W) return false;
   }
-  for (int i : l.epilogue_slots) cls[size_t(i)] = stride(i, nd - 1) == 1 ? codegen::Stride::unit : codegen::Stride::zero;
+  for (int i : l.epilogue_slots) cls[size_t(i)] = a.stride(i, nd - 1) == 1 ? codegen::Stride::unit : codegen::Stride::zero;
   return true;
 }
 
@@ -284,13 +278,13 @@ inline int pointwise_rows_vec(const ir::Graph& g, const codegen::Layout& l, cons
   }
   if (min_bytes == 16) return 0;  // nothing contiguous
   int64_t V = int64_t(16 / min_bytes);
-  if (a.meta[size_t(2 + nd - 1)] % V) return 0;
+  if (a.size(nd - 1) % V) return 0;
   for (size_t i = 0; i < l.slots.size(); ++i) {
     if (l.slots[i].role == codegen::SlotRole::rand || a.strides[i] != codegen::Stride::unit) continue;
     int64_t es = int64_t(info(g.nodes[size_t(l.slots[i].node)].dtype).bytes);
     if (reinterpret_cast<uintptr_t>(a.ptrs[i]) % 16) return 0;
     for (int d = 0; d + 1 < nd; ++d)
-      if ((a.meta[size_t(2 + nd) + i * size_t(nd) + size_t(d)] * es) % 16) return 0;
+      if ((a.stride(i, d) * es) % 16) return 0;
   }
   return int(V);
 }
@@ -308,9 +302,8 @@ inline uint32_t whole_slots(const codegen::Layout& l, const KernelArgs& a) {
     bool whole = true;
     int64_t want = 1;
     for (int d = nd - 1; d >= 0 && whole; --d) {
-      int64_t size = a.meta[size_t(2 + d)], stride = a.meta[size_t(2 + nd) + i * size_t(nd) + size_t(d)];
-      whole = size == 1 || stride == want;
-      want *= size;
+      whole = a.size(d) == 1 || a.stride(i, d) == want;
+      want *= a.size(d);
     }
     if (whole) mask |= 1u << i;
   }
@@ -346,7 +339,7 @@ inline codegen::GpuVariant gpu_variant(const ir::Graph& g, const sched::Kernel& 
     if (reinterpret_cast<uintptr_t>(a.ptrs[i]) % 16) flat = false;
     if (k.kind == sched::KernelKind::rows)  // every row must start aligned too
       for (int d = 0; d < no; ++d)
-        if ((a.meta[size_t(2 + nd) + i * size_t(nd) + size_t(d)] * int64_t(es)) % 16) flat = false;
+        if ((a.stride(i, d) * int64_t(es)) % 16) flat = false;
   }
   if (flat && any_unit) v.vec = int(16 / min_bytes);
   // Several dims that do not merge (a bias broadcast over rows keeps them apart): 16-byte
@@ -355,8 +348,7 @@ inline codegen::GpuVariant gpu_variant(const ir::Graph& g, const sched::Kernel& 
   if (!flat && (k.kind == sched::KernelKind::pointwise || (k.kind == sched::KernelKind::rows && inner_dims > 1)))
     v.vec = pointwise_rows_vec(g, l, a), v.vec_rows = v.vec > 0;
   if (v.vec_rows && k.kind == sched::KernelKind::pointwise) v.whole = whole_slots(l, a);
-  if ((k.kind == sched::KernelKind::pointwise && nd > 1) || (k.kind == sched::KernelKind::rows && inner_dims > 1))
-    v.rank = nd, v.outer_rank = no;
+  if (inner_dims > 1) v.rank = nd, v.outer_rank = no;  // several dims per element (pointwise: nd of them)
   // Pointwise: 2048 threads resident, so launch bounds cap a thread at 32 registers. NOTE: on
   // an H200 bf16 x * w + b over [16384, 4096] went from 85.7 to 93.0% of copy when its 34
   // registers (1792 resident) became 29. Not where random numbers are drawn: randn's two Philox
@@ -440,8 +432,8 @@ inline GpuLaunch gpu_launch_shape(const sched::Kernel& k, const KernelArgs& a, c
   if (k.kind == sched::KernelKind::matmul) {
     int nd = int(a.meta[0]);
     int64_t batch = 1;
-    for (int d = 0; d + 2 < nd; ++d) batch *= a.meta[size_t(2 + d)];
-    int64_t m = a.meta[size_t(2 + nd - 2)], n = a.meta[size_t(2 + nd - 1)];
+    for (int d = 0; d + 2 < nd; ++d) batch *= a.size(d);
+    int64_t m = a.size(nd - 2), n = a.size(nd - 1);
     const codegen::GemmConfig& c = v.gemm;
     L.block = {unsigned(c.threads()), 1, 1};
     int64_t tiles = ((m + c.bm - 1) / c.bm) * ((n + c.bn - 1) / c.bn);
@@ -463,7 +455,7 @@ inline GpuLaunch gpu_launch_shape(const sched::Kernel& k, const KernelArgs& a, c
     return L;
   }
   int64_t n = 1;
-  for (int d = 0; d < nd; ++d) n *= a.meta[size_t(2 + d)];
+  for (int d = 0; d < nd; ++d) n *= a.size(d);
   int64_t per_thread = std::max(v.vec, 1);
   int64_t blocks = (n + 256 * per_thread - 1) / (256 * per_thread);
   int per_sm = gpu_pointwise_blocks_per_sm().load(std::memory_order_relaxed);
