@@ -195,6 +195,26 @@ static void gemm_benches() {
     run("W4 h.t()@dy", h.transpose(0, 1), dy);
     run("W4 dh@W1.t()", h, W1.transpose(0, 1));
     run("W4 x.t()@dh", x.transpose(0, 1), h);
+    if (std::getenv("KILN_BENCH_GEMM_STREAMK")) {  // each W4 GEMM with stream-K off and on, two rounds alternated
+      auto forced = [&](const std::string& n, const Tensor<bf16, 2>& p, const Tensor<bf16, 2>& q, bool sk) {
+        std::string config;
+        codegen::gemm_chooser() = [&config, sk](const codegen::GemmProblem& pr) {
+          codegen::GemmConfig c = codegen::gemm_heuristic(pr);
+          c.stream_k = sk;
+          config = c.str();
+          return std::optional(c);
+        };
+        Tensor<bf16, 2> warm = matmul(p, q);
+        bench_gemm(n + (sk ? " (stream-K)" : " (whole tiles)"), p, q, config);
+        codegen::gemm_chooser() = nullptr;
+      };
+      for (int r = 0; r < 2; ++r)
+        for (bool sk : {false, true}) {
+          forced("W4 x@W1", x, W1, sk), forced("W4 h@W2", h, W2, sk), forced("W4 dy@W2.t()", dy, W2.transpose(0, 1), sk);
+          forced("W4 h.t()@dy", h.transpose(0, 1), dy, sk), forced("W4 dh@W1.t()", h, W1.transpose(0, 1), sk);
+          forced("W4 x.t()@dh", x.transpose(0, 1), h, sk);
+        }
+    }
     // Where the W4 step spends beyond its plain GEMMs: the forward's fused gelu epilogue, dh's
     // fused gelu' epilogue (it reads the saved pre-activation), the bias gradients' column sums.
     Tensor<bf16, 1> b1 = cast<bf16>(randn<f32>(Shape<1>{16384}, 30) * 0.02f);
@@ -268,31 +288,37 @@ static std::string w4_step_bench() {
     }
     codegen::gemm_chooser() = nullptr;
   }
-  if (const char* groups = std::getenv("KILN_BENCH_GEMM_GROUPS")) {
-    // The step with every GEMM's raster group forced (e.g. "8,16,32"; the heuristic's configs
-    // otherwise), three rounds alternated: 100 steps back to back (the clock then settles
-    // where the power limit holds it), and the flushed median.
+  // The step with every GEMM's config changed from the heuristic's by `tweak`, for each of
+  // `labels`, three rounds alternated: 100 steps back to back (the clock then settles where
+  // the power limit holds it), and the flushed median.
+  auto compare = [&](const std::vector<std::string>& labels, const std::function<void(codegen::GemmConfig&, size_t)>& tweak) {
+    for (int r = 0; r < 3; ++r)
+      for (size_t i = 0; i < labels.size(); ++i) {
+        codegen::gemm_chooser() = [&tweak, i](const codegen::GemmProblem& q) {
+          codegen::GemmConfig c = codegen::gemm_heuristic(q);
+          tweak(c, i);
+          return std::optional(c);
+        };
+        double loop = loop_ms([&] { auto o = run(Mode::fused, st); }, 100), flushed = time_ms([&] { auto o = run(Mode::fused, st); }, 10);
+        std::printf("W4 fused, round %d, GEMMs %-28s back to back %8.3f ms, flushed %8.3f ms\n", r, labels[i].c_str(), loop, flushed);
+        std::fflush(stdout);
+      }
+    codegen::gemm_chooser() = nullptr;
+  };
+  if (const char* groups = std::getenv("KILN_BENCH_GEMM_GROUPS")) {  // raster groups of these heights, e.g. "8,16,32"
     std::vector<int> gs;
+    std::vector<std::string> labels;
     for (const char* c = groups; *c;) {
       char* end = nullptr;
       long g = std::strtol(c, &end, 10);
       if (end == c) break;
-      if (g > 0) gs.push_back(int(g));
+      if (g > 0) gs.push_back(int(g)), labels.push_back("in raster groups of " + std::to_string(g));
       c = *end ? end + 1 : end;
     }
-    for (int r = 0; r < 3; ++r)
-      for (int g : gs) {
-        codegen::gemm_chooser() = [g](const codegen::GemmProblem& q) {
-          codegen::GemmConfig c = codegen::gemm_heuristic(q);
-          c.group = g;
-          return std::optional(c);
-        };
-        double loop = loop_ms([&] { auto o = run(Mode::fused, st); }, 100), flushed = time_ms([&] { auto o = run(Mode::fused, st); }, 10);
-        std::printf("W4 fused, round %d, GEMM raster groups of %2d tiles: back to back %8.3f ms, flushed %8.3f ms\n", r, g, loop, flushed);
-        std::fflush(stdout);
-      }
-    codegen::gemm_chooser() = nullptr;
+    compare(labels, [&gs](codegen::GemmConfig& c, size_t i) { c.group = gs[i]; });
   }
+  if (std::getenv("KILN_BENCH_GEMM_STREAMK"))  // the persistent GEMMs' last waves as whole tiles, and cut into runs of K steps
+    compare({"in whole tiles", "with stream-K"}, [](codegen::GemmConfig& c, size_t i) { c.stream_k = i == 1; });
   double worst = std::max({e_loss, e[0], e[1], e[2], e[3], e[4]});
   // max-autotune from cold: a fresh cache directory (no tuning database, no compiled candidate
   // on disk); the first call tunes every matmul and compiles; then the tuned step's time.

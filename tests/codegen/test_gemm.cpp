@@ -155,7 +155,7 @@ TEST_CASE("gemm config choice: tensor cores only where dtype, architecture and l
   CHECK(!hopper.split_epilogue);
   GemmConfig split = codegen::gemm_heuristic(heavy);
   CHECK((split.kind == GemmKind::wgmma && split.bm == 128 && split.bn == 256 && split.persistent && split.split_epilogue));
-  CHECK(split.str().substr(split.str().rfind('_')) == "_pe");
+  CHECK(split.str().substr(split.str().rfind('_')) == "_pek");
   heavy.m = heavy.n = 1024;  // 64 tiles of 128 x 128: no split config of that tile
   CHECK(!codegen::gemm_heuristic(heavy).split_epilogue);
   auto no_tma = codegen::gemm_tuning_candidates(problem(8192, 8192, 8192, DType::bf16, true, 90));
@@ -344,7 +344,8 @@ TEST_CASE("the persistent Hopper kernel: a block per SM walks the tiles; it comp
   REQUIRE(persistent.size() == 4);  // two with a split epilogue
   for (const GemmConfig& c : persistent) {
     CAPTURE(c.str());
-    CHECK(c.str().substr(c.str().rfind('_')) == (c.split_epilogue ? "_pe" : "_p"));
+    CHECK(c.str().substr(c.str().rfind('_')) == (c.split_epilogue ? "_pek" : "_pk"));
+    CHECK(c.stream_k);
     CHECK(c.group == 8);
     GemmHook force(c);
     // 2048 x 4096: 16 x 16 tiles of 128 x 256 (16 x 32 of 128 x 128) on 132 SMs; 64 x 48: one tile
@@ -358,7 +359,10 @@ TEST_CASE("the persistent Hopper kernel: a block per SM walks the tiles; it comp
     CHECK(blocks == std::vector<unsigned>{1u, 132u});
     for (const auto& v : mm) CHECK(v.gemm == c);
     CHECK((mm[0].epilogue_vec || mm[1].epilogue_vec));
-    CHECK(p.src.find("tile += gridDim.x") != std::string::npos);
+    CHECK(p.src.find("walk.step(tile, kb, ke)") != std::string::npos);
+    CHECK(p.src.find("kiln_sk_give(d, sk_ws") != std::string::npos);
+    CHECK(p.src.find("kiln_sk_take(d, sk_ws") != std::string::npos);
+    for (const auto& v : mm) CHECK(v.workspace());
     CHECK((p.src.find("kiln_mbar_wait(stg_full") != std::string::npos) == c.split_epilogue);
     CHECK(jit::cubin_sm(jit::nvrtc_compile(p.src, "kiln_gemm_persistent", 9, 0, codegen::gpu_compile_options(p.vars))) == 90);
     // The GPU test's operands (M, N, K multiples of 8; x and w also transposed) take the forced config.
@@ -380,6 +384,21 @@ TEST_CASE("the persistent Hopper kernel: a block per SM walks the tiles; it comp
   std::vector<codegen::GpuVariant> v8 = p.vars;
   for (auto& v : v8) v.gemm.group = 8;
   CHECK(runtime::variant_key(p.vars) != runtime::variant_key(v8));
+  // Whole tiles only (stream-K off): the plain loop over tiles, no workspace, its own key.
+  GemmConfig whole = persistent.front();
+  whole.stream_k = false;
+  CHECK(whole.str() == "wgmma_128x256x64_64x256_s4_p");
+  GemmHook force_whole(whole);
+  GpuProgram w = cuda_program(90, matmul(e(2048, 1024), e(1024, 4096)));
+  REQUIRE(w.matmuls().size() == 1);
+  CHECK(!w.matmuls()[0].workspace());
+  CHECK(w.src.find("tile += gridDim.x") != std::string::npos);
+  CHECK(w.src.find("KilnWalk walk") == std::string::npos);
+  CHECK(w.src.find("kiln_u64 ws[") == std::string::npos);
+  std::vector<codegen::GpuVariant> sk = w.vars;
+  for (auto& v : sk) v.gemm.stream_k = true;
+  CHECK(runtime::variant_key(w.vars) != runtime::variant_key(sk));
+  CHECK(jit::cubin_sm(jit::nvrtc_compile(w.src, "kiln_gemm_whole_tiles", 9, 0, codegen::gpu_compile_options(w.vars))) == 90);
 }
 
 }  // TEST_SUITE("nvrtc")
@@ -675,58 +694,73 @@ TEST_CASE_TEMPLATE("GPU GEMM epilogue in the Hopper kernel: interior tiles 4 col
   }
 }
 
-TEST_CASE("GPU GEMM: the persistent Hopper kernel over more tiles than SMs, each block several tiles") {
+TEST_CASE("GPU GEMM: the persistent Hopper kernel over more tiles than SMs, each block several tiles, stream-K") {
   if (kiln::default_device() == kiln::cpu() || cuda_arch() != 90) return;
   KILN_TEST_RNG(rng);
-  // 9 x 16 tiles of 128 x 256 (9 x 31 of 128 x 128) on 132 SMs: blocks take a second or third
-  // tile while their producer is already loading it, the stage ring wrapping inside tiles; M and
-  // N no multiples of the tile, a partial last K step. NOTE: every row 16-byte aligned (M, N and
-  // K multiples of 8), as the copy engine needs (else the choice falls back to mma).
-  const int64_t M = 1096, N = 3896, K = 136;
-  Values v{-2, 2};
-  auto x = input<bf16, 2>(rng, {M, K}, Layout::contiguous, v), xt = input<bf16, 2>(rng, {M, K}, Layout::transposed, v);
-  auto w = input<bf16, 2>(rng, {K, N}, Layout::contiguous, v), wt = input<bf16, 2>(rng, {K, N}, Layout::transposed, v);
-  auto b = input<bf16, 1>(rng, {N}, Layout::contiguous, v);
-  auto r = input<bf16, 2>(rng, {M, N}, Layout::contiguous, v);
-  // float64 products p @ q and sums of |terms| (ref::matmul is too slow at this size), row-major.
-  auto product = [&](const Array& p, const Array& q, Array& scale) {
-    Array out(Dims{M, N});
-    scale = Array(Dims{M, N});
-    for (int64_t i = 0; i < M; ++i)
-      for (int64_t k = 0; k < K; ++k) {
-        const double a = p.v[size_t(i * K + k)];
-        for (int64_t j = 0; j < N; ++j) {
-          const double t = a * q.v[size_t(k * N + j)];
-          out.v[size_t(i * N + j)] += t, scale.v[size_t(i * N + j)] += std::fabs(t);
-        }
-      }
-    return out;
-  };
-  Array scale, scale2;
-  Array pre = ref::zip(product(x.a, w.a, scale), b.a, [](double p, double q) { return p + q; });
-  Array bound = ref::zip(scale, b.a, [](double p, double q) { return std::fabs(p) + std::fabs(q); });
-  Array want2 = ref::zip(product(xt.a, wt.a, scale2), r.a, [](double p, double q) { return p + q; });
-  Array bound2 = ref::zip(scale2, r.a, [](double p, double q) { return p + std::fabs(q); });
   int persistent = 0;
   std::vector<GemmConfig> configs;
   for (const GemmConfig& c : codegen::gemm_candidates(DType::bf16, 90))
     if (c.persistent) configs.push_back(c), ++persistent;
-  // Raster groups of other heights: 3 (9 tile rows in three groups), 16 (one group, partial).
+  CHECK(persistent == 4);  // two with a split epilogue
+  // Raster groups of other heights: 3 (9 tile rows in three groups), 16 (one group, partial);
+  // and whole tiles only (stream-K off).
   for (int g : {3, 16}) configs.push_back(configs.front()), configs.back().group = g;
-  for (const GemmConfig& c : configs) {
-    CAPTURE(c.str());
-    Batch batch;
-    batch.check(kiln::gelu(kiln::matmul(x.t, w.t) + b.t), ref::map(pre, ref::gelu), tol<bf16>().scaled(2), "gelu(x @ w + b)", bound);
-    batch.check(kiln::matmul(xt.t, wt.t) + r.t, want2, tol<bf16>().scaled(2), "transposed x @ transposed w + r", bound2);
-    GemmHook hook(c);
-    batch.run();
-    REQUIRE(hook.seen.size() == 2);
-    for (const GemmProblem& p : std::vector(hook.seen)) {
-      CHECK(codegen::gemm_choose(p) == c);
-      CHECK(codegen::gemm_tiles(c, p) > 132);
+  configs.push_back(configs.front()), configs.back().stream_k = false;
+  // On 132 SMs, 128 x 256 tiles: M = 1096, N = 3896 gives 9 x 16 = 144 tiles, every one of
+  // them in stream-K's runs (12 past the first wave, plus one wave), K = 136 three K steps,
+  // the last partial, cut into runs of 3 or 4; M = 2056 gives 17 x 16 = 272: 140 in runs of
+  // K steps, then 132 whole tiles, K = 264 five steps (the ring of stages wraps inside a run).
+  // 128 x 128 tiles: 279 and 527 tiles, 147 and 131 of them in runs. Blocks take a second or
+  // third tile while their producer is already loading it; M and N no multiples of the tile.
+  // NOTE: every row 16-byte aligned (M, N and K multiples of 8), as the copy engine needs.
+  for (auto [M, K] : {std::pair<int64_t, int64_t>{1096, 136}, {2056, 264}}) {
+    const int64_t N = 3896;
+    CAPTURE(M);
+    CAPTURE(K);
+    Values v{-2, 2};
+    auto x = input<bf16, 2>(rng, {M, K}, Layout::contiguous, v), xt = input<bf16, 2>(rng, {M, K}, Layout::transposed, v);
+    auto w = input<bf16, 2>(rng, {K, N}, Layout::contiguous, v), wt = input<bf16, 2>(rng, {K, N}, Layout::transposed, v);
+    auto b = input<bf16, 1>(rng, {N}, Layout::contiguous, v);
+    auto r = input<bf16, 2>(rng, {M, N}, Layout::contiguous, v);
+    // float64 products p @ q and sums of |terms| (ref::matmul is too slow at this size), row-major.
+    auto product = [&](const Array& p, const Array& q, Array& scale) {
+      Array out(Dims{M, N});
+      scale = Array(Dims{M, N});
+      for (int64_t i = 0; i < M; ++i)
+        for (int64_t k = 0; k < K; ++k) {
+          const double a = p.v[size_t(i * K + k)];
+          for (int64_t j = 0; j < N; ++j) {
+            const double t = a * q.v[size_t(k * N + j)];
+            out.v[size_t(i * N + j)] += t, scale.v[size_t(i * N + j)] += std::fabs(t);
+          }
+        }
+      return out;
+    };
+    Array scale, scale2;
+    Array pre = ref::zip(product(x.a, w.a, scale), b.a, [](double p, double q) { return p + q; });
+    Array bound = ref::zip(scale, b.a, [](double p, double q) { return std::fabs(p) + std::fabs(q); });
+    Array want2 = ref::zip(product(xt.a, wt.a, scale2), r.a, [](double p, double q) { return p + q; });
+    Array bound2 = ref::zip(scale2, r.a, [](double p, double q) { return p + std::fabs(q); });
+    for (const GemmConfig& c : configs) {
+      CAPTURE(c.str());
+      // Twice: a run leaves the stream-K flags as it found them (else the second reads stale sums).
+      for (int round = 0; round < 2; ++round) {
+        CAPTURE(round);
+        Batch batch;
+        batch.check(kiln::gelu(kiln::matmul(x.t, w.t) + b.t), ref::map(pre, ref::gelu), tol<bf16>().scaled(2), "gelu(x @ w + b)", bound);
+        batch.check(kiln::matmul(xt.t, wt.t) + r.t, want2, tol<bf16>().scaled(2), "transposed x @ transposed w + r", bound2);
+        GemmHook hook(c);
+        Counters before = counters();
+        batch.run();
+        CHECK(counters().kernels_launched - before.kernels_launched == 2);  // one kernel each, stream-K or not
+        REQUIRE(hook.seen.size() == 2);
+        for (const GemmProblem& p : std::vector(hook.seen)) {
+          CHECK(codegen::gemm_choose(p) == c);
+          CHECK(codegen::gemm_tiles(c, p) > 132);
+        }
+      }
     }
   }
-  CHECK(persistent == 4);  // two with a split epilogue
 }
 
 }  // TEST_SUITE("gpu")

@@ -54,7 +54,9 @@ class WgmmaWriter {
 
   std::string body(const std::string& prelude = "") const {
     auto S = [](int v) { return std::to_string(v); };
-    const bool persistent = c_.persistent, split = c_.persistent && c_.split_epilogue;
+    const bool persistent = c_.persistent, split = c_.persistent && c_.split_epilogue, sk = c_.persistent && c_.stream_k;
+    // A unit's K steps: the whole tile's, or a stream-K run's part of it.
+    const std::string KB = sk ? "kb" : "0", KE = sk ? "ke" : "KT";
     std::string s = w_.head(prelude);
     s += "  constexpr int STAGES = " + S(c_.stages) + ", CONSUMERS = BM / WM;\n";
     s += "  constexpr uint32_t A_STAGE = BM * BK * 2, B_STAGE = BN * BK * 2;\n";
@@ -66,6 +68,7 @@ class WgmmaWriter {
     s += "  const int wg = threadIdx.x / 128, lane = threadIdx.x % 32;\n";
     s += "  const int KT = (int)((K + BK - 1) / BK);\n";
     if (persistent) s += "  const int64_t kiln_tiles = ((Mr + BM - 1) / BM) * ((N + BN - 1) / BN);\n";
+    if (sk) s += "  float* const sk_ws = (float*)args.ws[0];\n  unsigned* const sk_flags = (unsigned*)args.ws[1];\n";
     // The batch coordinate of each operand's map (0 where its batch is broadcast: the map has one).
     s += "  const int za = nd == 3 && sa[0] != 0 ? (int)blockIdx.z : 0, zb = nd == 3 && sb[0] != 0 ? (int)blockIdx.z : 0;\n";
     s += "  if (threadIdx.x == 0) {\n";
@@ -74,11 +77,16 @@ class WgmmaWriter {
     s += "    kiln_mbar_init_fence();\n  }\n  __syncthreads();\n";
     // Steps are counted over the block's tiles (g): step g uses stage g % STAGES, for the
     // (g / STAGES)-th time, so each barrier's phase parity follows from g alone.
-    // Persistent: the block's tiles blockIdx.x, + gridDim.x, ...; else its one tile.
-    auto tiles_open = [&](const std::string& ind) {
+    // Persistent: the block's tiles blockIdx.x, + gridDim.x, ...; stream-K: its units
+    // (KilnWalk), `whole_only` skipping the ends of tiles that other blocks store; else its one tile.
+    auto tiles_open = [&](const std::string& ind, bool whole_only = false) {
       if (!persistent) return std::string();
-      return ind + "for (int64_t tile = blockIdx.x; tile < kiln_tiles; tile += gridDim.x) {\n" + ind + "  int64_t m0, n0;\n" +
-             GemmWriter::tile_origin("tile", ind + "  ", c_.group);
+      std::string t = ind + "for (int64_t tile = blockIdx.x; tile < kiln_tiles; tile += gridDim.x) {\n";
+      if (sk) {
+        t = ind + "KilnWalk walk(kiln_tiles, KT, true);\n" + ind + "int kb, ke;\n" + ind + "for (int64_t tile; walk.step(tile, kb, ke);) {\n";
+        if (whole_only) t += ind + "  if (kb > 0) continue;\n";
+      }
+      return t + ind + "  int64_t m0, n0;\n" + GemmWriter::tile_origin("tile", ind + "  ", c_.group);
     };
     auto tiles_close = [&](const std::string& ind) { return persistent ? ind + "}\n" : std::string(); };
     // Registers: the producer gives its own up (setmaxnreg) for the consumers' accumulators and
@@ -87,7 +95,7 @@ class WgmmaWriter {
     // config, whose producer warpgroup also runs the epilogue, keeps 168 everywhere.
     s += std::string("  if (wg == 0) {\n") + (split ? "" : "    kiln_regs_dec<40>();\n") + "    if (threadIdx.x == 0) {\n      int g = 0;\n" +
          tiles_open("      ");
-    s += "      for (int kt = 0; kt < KT; ++kt, ++g) {\n        const int s = g % STAGES, k0 = kt * BK;\n";
+    s += "      for (int kt = " + KB + "; kt < " + KE + "; ++kt, ++g) {\n        const int s = g % STAGES, k0 = kt * BK;\n";
     s += "        if (g >= STAGES) kiln_mbar_wait(empty0 + 8 * s, (g / STAGES - 1) & 1);\n";
     s += "        const uint32_t full = full0 + 8 * s, a = sA + s * A_STAGE, b = sB + s * B_STAGE;\n";
     s += "        kiln_mbar_expect_tx(full, A_STAGE + B_STAGE);\n";
@@ -101,7 +109,7 @@ class WgmmaWriter {
     s += "    const int c = wg - 1, w = (threadIdx.x / 32) % 4;\n";
     s += std::string("    float d[BN / 2];\n    int g = 0;\n") + (split ? "    int tiles_done = 0;\n" : "") + tiles_open("    ");
     s += "#pragma unroll\n    for (int i = 0; i < BN / 2; ++i) d[i] = 0.f;\n";
-    s += "    for (int kt = 0; kt < KT; ++kt, ++g) {\n      const int s = g % STAGES;\n";
+    s += "    for (int kt = " + KB + "; kt < " + KE + "; ++kt, ++g) {\n      const int s = g % STAGES;\n";
     s += "      kiln_mbar_wait(full0 + 8 * s, (g / STAGES) & 1);\n";
     s += "      const uint32_t a = sA + s * A_STAGE + c * 8192, b = sB + s * B_STAGE;\n      kiln_wgmma_fence();\n";
     s += "#pragma unroll\n      for (int ks = 0; ks < BK / 16; ++ks) {\n";
@@ -112,11 +120,19 @@ class WgmmaWriter {
     s += mma_instruction("        ");
     s += "      }\n      kiln_wgmma_commit();\n      kiln_wgmma_wait<1>();\n";
     // The previous step's MMAs have finished reading their stage: back to the producer.
-    s += "      if (kt > 0 && lane == 0) kiln_mbar_arrive(empty0 + 8 * ((g - 1) % STAGES));\n    }\n";
+    s += "      if (kt > " + KB + " && lane == 0) kiln_mbar_arrive(empty0 + 8 * ((g - 1) % STAGES));\n    }\n";
     // Once all MMAs are done the last step's stage goes back too: the producer is already
     // loading the next tile while this one is stored.
-    const std::string done = "kiln_wgmma_wait<0>();\n" +
-                             (persistent ? std::string("      if (KT > 0 && lane == 0) kiln_mbar_arrive(empty0 + 8 * ((g - 1) % STAGES));\n") : "");
+    // Stream-K: a tile this block begins and the next one ends takes that block's sums in.
+    const std::string sk_args = ", threadIdx.x - 128, CONSUMERS * 128, CONSUMERS + 1);\n";
+    const std::string done =
+        "kiln_wgmma_wait<0>();\n" +
+        (persistent ? "      if (" + KE + " > " + KB + " && lane == 0) kiln_mbar_arrive(empty0 + 8 * ((g - 1) % STAGES));\n" : "") +
+        (sk ? "      if (ke < KT) kiln_sk_take(d, sk_ws + (blockIdx.x + 1) * (size_t)(BM * BN), sk_flags + blockIdx.x + 1" + sk_args : "");
+    // Stream-K: the end of a tile that the previous block begins leaves its sums to it.
+    if (sk)
+      s += "    if (kb > 0) {\n      kiln_wgmma_wait<0>();\n      if (lane == 0) kiln_mbar_arrive(empty0 + 8 * ((g - 1) % STAGES));\n"
+           "      kiln_sk_give(d, sk_ws + blockIdx.x * (size_t)(BM * BN), sk_flags + blockIdx.x" + sk_args + "      continue;\n    }\n";
     // Accumulators: warp w of the warpgroup holds rows 16w .. 16w+15; per 8 columns j, d[4j .. 4j+3]
     // at (lane/4, 2*(lane%4) + 0/1) and eight rows below (mma.sync's C fragment). A tile inside
     // the output stores without a test per element.
@@ -182,7 +198,7 @@ class WgmmaWriter {
     const std::string wait = "kiln_mbar_wait(stg_full, tiles_done & 1);\n";
     std::string s = "    const int t = threadIdx.x - (128 - EPI);\n";
     s += "    const unsigned char* sbytes = kiln_smem + (stg - kiln_smem_addr(kiln_smem));\n    int tiles_done = 0;\n";
-    s += tiles_open("    ") + "    constexpr int CHUNKS = BM * BN / 8;\n";
+    s += tiles_open("    ", true) + "    constexpr int CHUNKS = BM * BN / 8;\n";
     // Per element, checked or not: edge tiles, and epilogues with no vector form.
     auto elements = [&](bool checked) {
       std::string e = "    " + wait + "    for (int chunk = t; chunk < CHUNKS; chunk += EPI) {\n";

@@ -79,9 +79,12 @@ struct GpuVariant {
   // unroll instead of looping over a run-time rank. NOTE: bf16 x * w + b went from 50 to 34
   // registers, the sum over 2 dims of the W4 loss from 64 with spills to 48 (ptxas, sm_90).
   int rank = 0, outer_rank = 0;
+  // The argument struct ends with workspace words: split rows' partials and counters, or a
+  // stream-K GEMM's slots and flags (a tile of floats and a flag per block).
+  bool workspace() const { return split || (gemm.persistent && gemm.stream_k); }
 };
 
-// The workspace words a split-rows kernel's argument struct ends with: partials, counters.
+// The workspace words an argument struct ends with (GpuVariant::workspace): partials, counters.
 inline constexpr int kGpuSplitWords = 2;
 
 inline constexpr int kGpuMaxMeta = 2 + kMaxRank + 16 * kMaxRank;
@@ -104,7 +107,7 @@ class GpuKernelWriter {
     size_t ns = std::max<size_t>(l_.slots.size(), 1), nm = meta_words(l_), nw = std::max(l_.words, 1);
     std::string s = "struct " + name_ + "_args { void* p[" + std::to_string(ns) + "]; int64_t m[" + std::to_string(nm) +
                     "]; uint64_t a[" + std::to_string(nw) + "];" +
-                    (v_.split ? " kiln_u64 ws[" + std::to_string(kGpuSplitWords) + "];" : "") + " };\n";
+                    (v_.workspace() ? " kiln_u64 ws[" + std::to_string(kGpuSplitWords) + "];" : "") + " };\n";
     // NOTE: the bounds are the block size the host launches with (it is part of the variant). On
     // AMD that lifts the default bound of 1024 work-items, which caps each lane's registers as if
     // 16 wavefronts shared a CU; on NVIDIA the blocks-per-SM hint keeps `resident` threads

@@ -465,25 +465,27 @@ inline GpuLaunch gpu_launch_shape(const sched::Kernel& k, const KernelArgs& a, c
   return L;
 }
 
-// The 8-byte words of partials a split kernel leaves in the workspace: one per reduction and
-// block (split rows), or per reduction, block and column (split column rows).
-inline size_t gpu_split_words(const sched::Kernel& k, const codegen::GpuVariant& v, const GpuLaunch& L, int warp) {
+// The 8-byte words of partials a kernel leaves in the workspace: one per reduction and block
+// (split rows), or per reduction, block and column (split column rows); a stream-K GEMM's
+// slot of a tile's f32 sums per block.
+inline size_t gpu_workspace_words(const sched::Kernel& k, const codegen::GpuVariant& v, const GpuLaunch& L, int warp) {
+  if (k.kind == sched::KernelKind::matmul) return size_t(L.grid.x) * size_t(v.gemm.bm) * size_t(v.gemm.bn) / 2;
   size_t per_block = v.cols ? size_t(warp) * size_t(std::max(v.vec, 1)) : 1;
   return size_t(L.grid.x) * L.grid.y * per_block * std::max<size_t>(k.reduces.size(), 1);
 }
 
-// The kernel's argument struct, byte for byte: p[slots], m[meta], a[words], and for
-// split rows the workspace (partials, counters), into `block`.
+// The kernel's argument struct, byte for byte: p[slots], m[meta], a[words], and for split
+// rows and stream-K GEMMs the workspace (partials, counters), into `block`.
 inline void gpu_arg_block(const codegen::Layout& l, const KernelArgs& a, const codegen::GpuVariant& v, const uint64_t* workspace,
                           std::vector<uint64_t>& block) {
   size_t ns = std::max<size_t>(l.slots.size(), 1), nm = codegen::GpuKernelWriter::meta_words(l),
          nw = size_t(std::max(l.words, 1));
-  block.assign(ns + nm + nw + (v.split ? codegen::kGpuSplitWords : 0), 0);
+  block.assign(ns + nm + nw + (v.workspace() ? codegen::kGpuSplitWords : 0), 0);
   for (size_t i = 0; i < a.ptrs.size(); ++i) block[i] = reinterpret_cast<uint64_t>(a.ptrs[i]);
   if (a.meta.size() > nm) throw Error("kiln: internal error: kernel metadata exceeds its argument block");
   for (size_t i = 0; i < a.meta.size(); ++i) block[ns + i] = uint64_t(a.meta[i]);
   for (size_t i = 0; i < a.words.size(); ++i) block[ns + nm + i] = a.words[i];
-  if (v.split) std::copy(workspace, workspace + codegen::kGpuSplitWords, block.begin() + ptrdiff_t(ns + nm + nw));
+  if (v.workspace()) std::copy(workspace, workspace + codegen::kGpuSplitWords, block.begin() + ptrdiff_t(ns + nm + nw));
 }
 
 // The same, made only when an error message needs it (not on every launch).
@@ -529,9 +531,9 @@ inline Hash128 variant_key(const std::vector<codegen::GpuVariant>& vars) {
   for (const codegen::GpuVariant& v : vars) {
     if (!v.strides.empty()) vh.add(v.strides.data(), v.strides.size());
     const codegen::GemmConfig& gc = v.gemm;
-    int32_t w[26] = {v.vec, v.group, v.persist, v.split, v.threads, int(gc.kind), gc.bm, gc.bn, gc.bk, gc.wm, gc.wn, gc.stages,
+    int32_t w[27] = {v.vec, v.group, v.persist, v.split, v.threads, int(gc.kind), gc.bm, gc.bn, gc.bk, gc.wm, gc.wn, gc.stages,
                      gc.persistent, gc.split_epilogue, v.gemm_ops.a_k_major, v.gemm_ops.b_k_major, v.cols, v.epilogue_vec, v.vec_rows,
-                     v.resident, v.stream, v.exact, int32_t(v.whole), v.rank, v.outer_rank, gc.group};
+                     v.resident, v.stream, v.exact, int32_t(v.whole), v.rank, v.outer_rank, gc.group, gc.stream_k};
     vh.add(w, sizeof w);
   }
   return vh.digest();
@@ -656,7 +658,7 @@ class GpuBackend final : public Backend {
       const codegen::GpuVariant& v = call.vars[k];
       GpuLaunch L = gpu_launch_shape(kernels[k], call.args[k], v, props.sm_count, props.warp_size);
       uint64_t ws[codegen::kGpuSplitWords] = {};
-      if (v.split) split_workspace(dev, gpu_split_words(kernels[k], v, L, props.warp_size), L.grid.x, ws);
+      if (v.workspace()) split_workspace(dev, gpu_workspace_words(kernels[k], v, L, props.warp_size), L.grid.x, ws);
       gpu_arg_block(cp.layouts[k], call.args[k], v, ws, block);
       TensorMaps maps;
       void* params[] = {block.data(), &maps.a, &maps.b};
@@ -803,11 +805,13 @@ class GpuBackend final : public Backend {
         const codegen::GpuVariant& v = t.vars[i];
         Function f = dev.load_module(t.programs[i].source, t.programs[i].options, "kiln_gemm").function("kiln_k0");
         std::vector<uint64_t> block;
-        gpu_arg_block(cp.layouts[k], call.args[k], v, nullptr, block);
+        GpuLaunch L = gpu_launch_shape(kernels[k], call.args[k], v, props.sm_count, props.warp_size);
+        uint64_t ws[codegen::kGpuSplitWords] = {};
+        if (v.workspace()) split_workspace(dev, gpu_workspace_words(kernels[k], v, L, props.warp_size), L.grid.x, ws);
+        gpu_arg_block(cp.layouts[k], call.args[k], v, ws, block);
         TensorMaps maps;
         void* params[] = {block.data(), &maps.a, &maps.b};
         if (v.gemm.kind == codegen::GemmKind::wgmma) Api::tensor_maps(call.args[k], v, maps);
-        GpuLaunch L = gpu_launch_shape(kernels[k], call.args[k], v, props.sm_count, props.warp_size);
         const std::string what = describe_kernel(g, kernels[k]);
         return time_us(dev, [&] {
           f.launch({L.grid.x, L.grid.y, L.grid.z}, {L.block.x, L.block.y, L.block.z}, L.shared_bytes, params, what, dev.stream());
@@ -840,8 +844,8 @@ class GpuBackend final : public Backend {
     return us[kRuns / 2];
   }
 
-  // Split rows: room for `words` 8-byte partials and `counters` zeroed counters (one per
-  // row, or per column block), on the device; grown (never shrunk) as calls need. The
+  // Split rows and stream-K GEMMs: room for `words` 8-byte partials and `counters` zeroed
+  // counters (one per row, per column block, or per GEMM block), on the device; grown (never shrunk) as calls need. The
   // kernels leave the counters at zero again. NOTE: launches on the device's one stream run
   // in order, so calls share the workspace; a grown one is zeroed in that stream's order too.
   void split_workspace(Device& dev, size_t words, unsigned counters, uint64_t* ws) {
