@@ -20,6 +20,13 @@ using codegen::GemmConfig;
 using codegen::GemmKind;
 using codegen::GemmProblem;
 
+// The persistent GEMM's schedule (device/gemm_walk.h), compiled here for the host.
+namespace walk {
+#define KILN_FN inline
+#include "kiln/codegen/device/gemm_walk.h"
+#undef KILN_FN
+}  // namespace walk
+
 namespace {
 
 // Installs a chooser for the scope: forces `forced` (if any) and records what it saw.
@@ -155,7 +162,7 @@ TEST_CASE("gemm config choice: tensor cores only where dtype, architecture and l
   CHECK(!hopper.split_epilogue);
   GemmConfig split = codegen::gemm_heuristic(heavy);
   CHECK((split.kind == GemmKind::wgmma && split.bm == 128 && split.bn == 256 && split.persistent && split.split_epilogue));
-  CHECK(split.str().substr(split.str().rfind('_')) == "_pek");
+  CHECK(split.str().substr(split.str().rfind('_')) == "_pe");
   heavy.m = heavy.n = 1024;  // 64 tiles of 128 x 128: no split config of that tile
   CHECK(!codegen::gemm_heuristic(heavy).split_epilogue);
   auto no_tma = codegen::gemm_tuning_candidates(problem(8192, 8192, 8192, DType::bf16, true, 90));
@@ -180,6 +187,85 @@ TEST_CASE("gemm config choice: tensor cores only where dtype, architecture and l
     CHECK(codegen::gemm_choose(problem(100, 100, 100, DType::f32, true, 90)).kind == GemmKind::simt);
   }
   CHECK(!codegen::gemm_chooser());
+}
+
+TEST_CASE("the persistent GEMM's schedule: every K step of every tile once; stream-K cuts a tile at most once, between neighbours") {
+  struct Unit {
+    int64_t tile;
+    int kb, ke;
+  };
+  for (int64_t grid : {1, 2, 3, 7, 132})
+    for (int64_t tiles : {int64_t(1), grid - 1, grid, grid + 1, 2 * grid - 1, 2 * grid + 3, 3 * grid, 4 * grid + 1, int64_t(4096), int64_t(1024)})
+      for (int kt : {0, 1, 2, 3, 5, 64, 256})
+        for (bool stream_k : {false, true})
+          for (int64_t batches : {1, 2}) {
+            if (tiles < 1) continue;
+            CAPTURE(grid);
+            CAPTURE(tiles);
+            CAPTURE(kt);
+            CAPTURE(stream_k);
+            CAPTURE(batches);
+            std::vector<std::vector<Unit>> by_block(static_cast<size_t>(grid));
+            std::vector<int> steps(size_t(tiles * std::max(kt, 1)), 0);
+            for (int64_t b = 0; b < grid; ++b) {
+              walk::KilnWalk w(tiles, kt, grid, b, batches, stream_k);
+              Unit u{};
+              while (w.step(u.tile, u.kb, u.ke)) {
+                REQUIRE((u.tile >= 0 && u.tile < tiles && u.kb >= 0 && u.kb <= u.ke && u.ke <= kt));
+                by_block[size_t(b)].push_back(u);
+                for (int k = u.kb; k < u.ke; ++k) ++steps[size_t(u.tile * kt + k)];
+              }
+            }
+            // Every K step of every tile exactly once; every tile visited (K = 0: its zeros stored).
+            CHECK(std::count(steps.begin(), steps.begin() + tiles * kt, 1) == tiles * kt);
+            std::vector<int> whole(size_t(tiles), 0);
+            int64_t cut = 0;
+            for (int64_t b = 0; b < grid; ++b) {
+              const auto& us = by_block[size_t(b)];
+              for (size_t i = 0; i < us.size(); ++i) {
+                const Unit& u = us[i];
+                if (u.kb == 0 && u.ke == kt) ++whole[size_t(u.tile)];
+                if (u.kb > 0) {  // the end of a tile: only as a block's first unit, the previous block's last run beginning it
+                  CHECK(i == 0);
+                  CHECK(u.ke == kt);
+                  REQUIRE(b > 0);
+                  bool begun = false;
+                  for (const Unit& o : by_block[size_t(b - 1)]) begun |= o.tile == u.tile && o.kb == 0 && o.ke == u.kb;
+                  CHECK(begun);
+                  ++cut;
+                }
+                if (u.kb == 0 && u.ke < kt) {  // a tile begun here: the next block ends it, first thing
+                  REQUIRE(b + 1 < grid);
+                  REQUIRE(!by_block[size_t(b + 1)].empty());
+                  const Unit& next = by_block[size_t(b + 1)].front();
+                  CHECK((next.tile == u.tile && next.kb == u.ke && next.ke == kt));
+                }
+              }
+            }
+            for (int64_t t = 0; t < tiles; ++t) CHECK(whole[size_t(t)] <= 1);
+            if (grid == 132 && tiles == 4096 && kt == 64 && stream_k && batches == 1) CHECK(cut > 0);  // W4's x @ W1: 136 tiles in runs
+            // Where stream-K applies (one batch, K steps, the tiles leaving a partial last wave),
+            // every block gets the same K steps give or take one; else whole tiles round the blocks.
+            const bool applies = stream_k && batches == 1 && kt > 0 && tiles > grid && tiles % grid != 0;
+            std::vector<int64_t> load;
+            for (const auto& us : by_block) {
+              int64_t n = 0;
+              for (const Unit& u : us) n += u.ke - u.kb;
+              load.push_back(n);
+            }
+            const auto [lo, hi] = std::minmax_element(load.begin(), load.end());
+            if (kt == 0) CHECK(std::count(whole.begin(), whole.end(), 1) == tiles);
+            if (applies) {
+              CHECK(*hi - *lo <= 1);
+            } else {
+              CHECK(cut == 0);
+              for (int64_t b = 0; b < grid; ++b) {
+                const auto& us = by_block[size_t(b)];
+                CHECK(int64_t(us.size()) == (tiles > b ? (tiles - b + grid - 1) / grid : 0));
+                for (size_t i = 0; i < us.size(); ++i) CHECK(us[i].tile == b + int64_t(i) * grid);
+              }
+            }
+          }
 }
 
 TEST_CASE("gemm layout facts: K-major or M/N-major operands, 16-byte rows, else no tensor cores") {
@@ -342,10 +428,15 @@ TEST_CASE("the persistent Hopper kernel: a block per SM walks the tiles; it comp
   for (const GemmConfig& c : codegen::gemm_candidates(DType::bf16, 90))
     if (c.persistent) persistent.push_back(c);
   REQUIRE(persistent.size() == 4);  // two with a split epilogue
+  for (GemmConfig c : std::vector(persistent)) {  // each also with stream-K
+    CHECK(!c.stream_k);
+    c.stream_k = true;
+    persistent.push_back(c);
+  }
   for (const GemmConfig& c : persistent) {
     CAPTURE(c.str());
-    CHECK(c.str().substr(c.str().rfind('_')) == (c.split_epilogue ? "_pek" : "_pk"));
-    CHECK(c.stream_k);
+    const std::string suffix = std::string(c.split_epilogue ? "_pe" : "_p") + (c.stream_k ? "k" : "");
+    CHECK(c.str().substr(c.str().rfind('_')) == suffix);
     CHECK(c.group == 8);
     GemmHook force(c);
     // 2048 x 4096: 16 x 16 tiles of 128 x 256 (16 x 32 of 128 x 128) on 132 SMs; 64 x 48: one tile
@@ -359,10 +450,14 @@ TEST_CASE("the persistent Hopper kernel: a block per SM walks the tiles; it comp
     CHECK(blocks == std::vector<unsigned>{1u, 132u});
     for (const auto& v : mm) CHECK(v.gemm == c);
     CHECK((mm[0].epilogue_vec || mm[1].epilogue_vec));
-    CHECK(p.src.find("walk.step(tile, kb, ke)") != std::string::npos);
-    CHECK(p.src.find("kiln_sk_give(d, sk_ws") != std::string::npos);
-    CHECK(p.src.find("kiln_sk_take(d, sk_ws") != std::string::npos);
-    for (const auto& v : mm) CHECK(v.workspace());
+    // Stream-K: units from KilnWalk, sums handed over through the workspace (the argument
+    // struct's last words); else the plain round of whole tiles.
+    CHECK((p.src.find("walk.step(tile, kb, ke)") != std::string::npos) == c.stream_k);
+    CHECK((p.src.find("kiln_sk_give(d, sk_ws") != std::string::npos) == c.stream_k);
+    CHECK((p.src.find("kiln_sk_take(d, sk_ws") != std::string::npos) == c.stream_k);
+    CHECK((p.src.find("tile += gridDim.x") != std::string::npos) == !c.stream_k);
+    CHECK((p.src.find("kiln_u64 ws[2]") != std::string::npos) == c.stream_k);
+    for (const auto& v : mm) CHECK(v.workspace() == c.stream_k);
     CHECK((p.src.find("kiln_mbar_wait(stg_full") != std::string::npos) == c.split_epilogue);
     CHECK(jit::cubin_sm(jit::nvrtc_compile(p.src, "kiln_gemm_persistent", 9, 0, codegen::gpu_compile_options(p.vars))) == 90);
     // The GPU test's operands (M, N, K multiples of 8; x and w also transposed) take the forced config.
@@ -384,21 +479,10 @@ TEST_CASE("the persistent Hopper kernel: a block per SM walks the tiles; it comp
   std::vector<codegen::GpuVariant> v8 = p.vars;
   for (auto& v : v8) v.gemm.group = 8;
   CHECK(runtime::variant_key(p.vars) != runtime::variant_key(v8));
-  // Whole tiles only (stream-K off): the plain loop over tiles, no workspace, its own key.
-  GemmConfig whole = persistent.front();
-  whole.stream_k = false;
-  CHECK(whole.str() == "wgmma_128x256x64_64x256_s4_p");
-  GemmHook force_whole(whole);
-  GpuProgram w = cuda_program(90, matmul(e(2048, 1024), e(1024, 4096)));
-  REQUIRE(w.matmuls().size() == 1);
-  CHECK(!w.matmuls()[0].workspace());
-  CHECK(w.src.find("tile += gridDim.x") != std::string::npos);
-  CHECK(w.src.find("KilnWalk walk") == std::string::npos);
-  CHECK(w.src.find("kiln_u64 ws[") == std::string::npos);
-  std::vector<codegen::GpuVariant> sk = w.vars;
+  // Stream-K: its own program too.
+  std::vector<codegen::GpuVariant> sk = p.vars;
   for (auto& v : sk) v.gemm.stream_k = true;
-  CHECK(runtime::variant_key(w.vars) != runtime::variant_key(sk));
-  CHECK(jit::cubin_sm(jit::nvrtc_compile(w.src, "kiln_gemm_whole_tiles", 9, 0, codegen::gpu_compile_options(w.vars))) == 90);
+  CHECK(runtime::variant_key(p.vars) != runtime::variant_key(sk));
 }
 
 }  // TEST_SUITE("nvrtc")
@@ -702,15 +786,15 @@ TEST_CASE("GPU GEMM: the persistent Hopper kernel over more tiles than SMs, each
   for (const GemmConfig& c : codegen::gemm_candidates(DType::bf16, 90))
     if (c.persistent) configs.push_back(c), ++persistent;
   CHECK(persistent == 4);  // two with a split epilogue
-  // Raster groups of other heights: 3 (9 tile rows in three groups), 16 (one group, partial);
-  // and whole tiles only (stream-K off).
+  // Each also with stream-K; and raster groups of other heights: 3 (9 tile rows in three
+  // groups), 16 (one group, partial).
+  for (int i = 0; i < persistent; ++i) configs.push_back(configs[size_t(i)]), configs.back().stream_k = true;
   for (int g : {3, 16}) configs.push_back(configs.front()), configs.back().group = g;
-  configs.push_back(configs.front()), configs.back().stream_k = false;
-  // On 132 SMs, 128 x 256 tiles: M = 1096, N = 3896 gives 9 x 16 = 144 tiles, every one of
-  // them in stream-K's runs (12 past the first wave, plus one wave), K = 136 three K steps,
+  // On 132 SMs, 128 x 256 tiles: M = 1096, N = 3896 gives 9 x 16 = 144 tiles, with stream-K
+  // every one of them in runs (12 past the first wave, plus one wave), K = 136 three K steps,
   // the last partial, cut into runs of 3 or 4; M = 2056 gives 17 x 16 = 272: 140 in runs of
   // K steps, then 132 whole tiles, K = 264 five steps (the ring of stages wraps inside a run).
-  // 128 x 128 tiles: 279 and 527 tiles, 147 and 131 of them in runs. Blocks take a second or
+  // 128 x 128 tiles: 279 and 527 tiles, 147 and 263 of them in runs. Blocks take a second or
   // third tile while their producer is already loading it; M and N no multiples of the tile.
   // NOTE: every row 16-byte aligned (M, N and K multiples of 8), as the copy engine needs.
   for (auto [M, K] : {std::pair<int64_t, int64_t>{1096, 136}, {2056, 264}}) {

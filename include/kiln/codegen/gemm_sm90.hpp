@@ -83,7 +83,7 @@ class WgmmaWriter {
       if (!persistent) return std::string();
       std::string t = ind + "for (int64_t tile = blockIdx.x; tile < kiln_tiles; tile += gridDim.x) {\n";
       if (sk) {
-        t = ind + "KilnWalk walk(kiln_tiles, KT, true);\n" + ind + "int kb, ke;\n" + ind + "for (int64_t tile; walk.step(tile, kb, ke);) {\n";
+        t = ind + "KilnWalk walk(kiln_tiles, KT, gridDim.x, blockIdx.x, gridDim.z, true);\n" + ind + "int kb, ke;\n" + ind + "for (int64_t tile; walk.step(tile, kb, ke);) {\n";
         if (whole_only) t += ind + "  if (kb > 0) continue;\n";
       }
       return t + ind + "  int64_t m0, n0;\n" + GemmWriter::tile_origin("tile", ind + "  ", c_.group);

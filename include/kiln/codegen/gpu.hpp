@@ -813,7 +813,7 @@ inline std::string gpu_source(GpuDialect dialect, int warp_size, const ir::Graph
     });
   };
   if (any(GemmKind::mma) || any(GemmKind::wgmma)) src += detail::read_device_file("gemm_mma.cuh");
-  if (any(GemmKind::wgmma)) src += detail::read_device_file("gemm_wgmma.cuh");
+  if (any(GemmKind::wgmma)) src += detail::read_device_file("gemm_wgmma.cuh") + detail::read_device_file("gemm_walk.h");
   if (any(GemmKind::mfma)) src += detail::read_device_file("gemm_mfma.cuh");
   for (size_t k : ks) src += "\n" + GpuKernelWriter(g, plan.kernels[k], int(k), variants[k]).write();
   return src;

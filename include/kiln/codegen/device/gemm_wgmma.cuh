@@ -77,35 +77,6 @@ KILN_FN void kiln_unpack_f16x2(uint32_t w, float* f) {
   f[1] = kiln_f16_to_f32((uint16_t)(w >> 16));
 }
 
-// A persistent block's work, unit by unit: a tile and its K steps [kb, ke). Whole tiles go
-// round the blocks (tile blockIdx.x, + gridDim.x, ...). Stream-K (GemmConfig::stream_k): where
-// the tiles leave the last wave partial, the first `sk` tiles (that wave's and one full
-// wave's worth) are laid end to end, K step after K step, and cut into one equal run a
-// block, before the rest go round whole. A run is at least a tile's K steps long, so a tile
-// is cut at most once: the block whose run ends in it begins it (kb = 0, ke < KT: it adds
-// the rest, kiln_sk_take) and the next block ends it (kb > 0: kiln_sk_give), first thing in
-// its run, so the wait is short. Only for one batch (gridDim.z == 1): the workspace holds a
-// tile per block.
-struct KilnWalk {
-  int64_t tiles, pos, end, next;
-  int kt;
-  __device__ KilnWalk(int64_t tiles_, int KT, bool stream_k) : tiles(tiles_), kt(KT) {
-    const int64_t grid = gridDim.x, b = blockIdx.x;
-    const int64_t sk = stream_k && gridDim.z == 1 && KT > 0 && tiles > grid && tiles % grid ? tiles % grid + grid : 0;
-    pos = b * sk * KT / grid, end = (b + 1) * sk * KT / grid, next = sk + b;
-  }
-  __device__ bool step(int64_t& tile, int& kb, int& ke) {
-    if (pos < end) {
-      tile = pos / kt, kb = (int)(pos - tile * kt), ke = (int)min((int64_t)kt, end - tile * kt);
-      pos = tile * kt + ke;
-      return true;
-    }
-    if (next >= tiles) return false;
-    tile = next, kb = 0, ke = kt, next += gridDim.x;
-    return true;
-  }
-};
-
 // Stream-K's hand-over through the workspace: a block's slot of BM x BN floats, each consumer
 // thread `u` of `threads` its accumulators at float4 i * threads + u (coalesced), and the
 // block's flag. Named barrier `bar` spans the consumers. The taker zeroes the flag again, so
