@@ -316,6 +316,32 @@ TEST_CASE("grad: 2-layer MLP against a float64 hand derivation, one fused plan")
   CHECK(kernels <= 14);
 }
 
+TEST_CASE("grad: a full reduction's gradient reaches its operand by value; a mean loss's gradient joins the GEMM it reads") {
+  KILN_TEST_RNG(rng);
+  const int64_t M = 9, K = 6, H = 11;
+  auto x = rnd<2>(rng, {M, K}), W1 = rnd<2>(rng, {K, H}, Layout::transposed), W2 = rnd<2>(rng, {H, K});
+  auto b1 = rnd<1>(rng, {H}), b2 = rnd<1>(rng, {K});
+  // W4's step (bench/w4.hpp): y = gelu(x @ W1 + b1) @ W2 + b2, loss = mean(y^2).
+  auto mlp = [](const auto& x, const auto& W1, const auto& b1, const auto& W2, const auto& b2) {
+    auto y = matmul(gelu(matmul(x, W1) + b1), W2) + b2;
+    return mean(y * y);
+  };
+  check_grad("mean((gelu(x @ W1 + b1) @ W2 + b2)^2)", mlp, x, W1, b1, W2, b2);
+  check_grad("sum over every dim, then a scalar op", [](const auto& a) { return exp(sum(a * a) * 0.01); }, x);
+  // The loss's gradient 2 y / numel is a scalar broadcast into y's shape: computed where it is
+  // read (no kernel stores it for another to load through a view), so dy joins y's GEMM as a
+  // second output of its epilogue. Ten kernels: six GEMMs, the loss's sum and its scalar,
+  // the two bias gradients' column sums; one pointwise kernel (the loss), no separate dy.
+  auto loss = mlp(x, W1, b1, W2, b2);
+  auto [gx, gW1, gb1, gW2, gb2] = kiln::grad(loss, x, W1, b1, W2, b2);
+  std::string plan = explain(Mode::fused, loss, gx, gW1, gb1, gW2, gb2);
+  CAPTURE(plan);
+  CHECK(kernel_count(Mode::fused, loss, gx, gW1, gb1, gW2, gb2) == 10);
+  CHECK(occurrences(plan, "(matmul") == 6);
+  CHECK(occurrences(plan, "(pointwise)") == 1);
+  CHECK(occurrences(plan, "(rows)") == 3);
+}
+
 // ---- save or recompute: the plan's backward loads the cheapest set of forward values ----
 TEST_CASE("grad: a pointwise value is saved when recomputing it reads more bytes") {
   KILN_TEST_RNG(rng);
