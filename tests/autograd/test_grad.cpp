@@ -340,6 +340,27 @@ TEST_CASE("grad: a full reduction's gradient reaches its operand by value; a mea
   CHECK(occurrences(plan, "(matmul") == 6);
   CHECK(occurrences(plan, "(pointwise)") == 1);
   CHECK(occurrences(plan, "(rows)") == 3);
+  // A classifier's step: cross_entropy is a mean over the batch of per-row sums, so its
+  // gradient goes back through two reshapes (of a scalar, then of a broadcast of it). No
+  // kernel stores a broadcast scalar: eleven kernels (six GEMMs, log_softmax forward and
+  // backward in one rows kernel, the batch mean's sum and scalar, the bias gradients); thirteen
+  // when the reshapes were views.
+  std::vector<double> labels(static_cast<size_t>(M));
+  for (int64_t i = 0; i < M; ++i) labels[size_t(i)] = double(rng.integer(0, K - 1));
+  auto target = Tensor<i64, 1>::from({M}, labels);
+  auto classify = [&](const auto& x, const auto& W1, const auto& b1, const auto& W2, const auto& b2) {
+    return cross_entropy(matmul(relu(matmul(x, W1) + b1), W2) + b2, target);
+  };
+  check_grad("cross_entropy(relu(x @ W1 + b1) @ W2 + b2, target)", classify, x, W1, b1, W2, b2);
+  auto ce = classify(x, W1, b1, W2, b2);
+  auto [cx, cW1, cb1, cW2, cb2] = kiln::grad(ce, x, W1, b1, W2, b2);
+  std::string ce_plan = explain(Mode::fused, ce, cx, cW1, cb1, cW2, cb2);
+  CAPTURE(ce_plan);
+  for (size_t at = ce_plan.find("kernel "); at != std::string::npos; at = ce_plan.find("kernel ", at + 1)) {
+    std::string line = ce_plan.substr(at, ce_plan.find('\n', at) - at);
+    CHECK(line.find(":expand") == std::string::npos);
+  }
+  CHECK(kernel_count(Mode::fused, ce, cx, cW1, cb1, cW2, cb2) == 11);
 }
 
 // ---- save or recompute: the plan's backward loads the cheapest set of forward values ----

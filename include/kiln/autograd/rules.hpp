@@ -132,13 +132,7 @@ struct ViewGrad {
     constexpr int RG = rank_of<G>;
     int id = t.trace(g);
     Traced<DT, RG> x{id, shape_of(g)};
-    // A scalar back to the 1-sized dims it was viewed from (a full reduction's rank dropped):
-    // broadcast by value, so that no kernel must store the scalar for another to read through
-    // a view (the loss gradient of a training step then joins its producer's kernel).
-    if (v.kind == ViewKind::reshape) {
-      if constexpr (RG == 0) return trace_owned(t, expand(x, shape));
-      else return trace_owned(t, reshape(x, shape));
-    }
+    if (v.kind == ViewKind::reshape) return trace_owned(t, reshape(x, shape));
     if constexpr (RG == RC) {
       if (v.kind == ViewKind::permute) return trace_owned(t, permute(x, inverse_perm<RC>(v.perm)));
       int d = v.dim;

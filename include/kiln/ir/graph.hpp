@@ -190,6 +190,7 @@ class Tracer {
       set_attrs(n, e.attrs);
       if constexpr (T::op == Prim::view) {
         if (int folded = fold_view(n, ids[0]); folded >= 0) return folded;
+        if (int repeat = fold_repeat(n, ids[0]); repeat >= 0) return repeat;
         // A reshape that strides cannot express (of a non-contiguous leaf, or of a permuted or
         // sliced view) reads a contiguous copy.
         if (n.view->kind == ViewKind::reshape && !contiguous_value(ids[0])) ids[0] = copy_of(ids[0]);
@@ -270,6 +271,29 @@ class Tracer {
       }
     }
     return add(std::move(leaf), {});
+  }
+
+  // A reshape of a value that repeats one element (a value of one element, or expands of
+  // one) is that element broadcast to the new shape: a pointwise node, computed where it is
+  // read, where a view would read a stored buffer. So a full reduction's gradient (a mean
+  // loss's 1 / numel, back through the reshapes that dropped the reduced dims) needs no
+  // kernel that stores it for the per-element backward to load. NOTE: size-1 dims are part
+  // of the signature (Node::ones), so the fold holds at every size the plan is reused for.
+  int fold_repeat(const Node& n, int child) {
+    if (n.view->kind != ViewKind::reshape) return -1;
+    int one = -1;
+    for (int at = child;; at = g_.arg(g_.nodes[size_t(at)], 0)) {
+      const Node& c = g_.nodes[size_t(at)];
+      if (c.rank <= n.rank && c.ones == (1u << c.rank) - 1) {  // every dim 1: broadcasts to any shape of this rank or more
+        one = at;
+        break;
+      }
+      if (c.op != Prim::expand) break;
+    }
+    if (one < 0) return -1;
+    Node e{};
+    e.op = Prim::expand, e.dtype = n.dtype, e.rank = n.rank, e.ones = n.ones, e.shape = n.shape;
+    return add(std::move(e), {one});
   }
 
   // Whether a node's value lies in row-major order: a buffer a kernel writes, or a reshape
