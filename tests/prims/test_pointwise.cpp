@@ -245,7 +245,21 @@ TEST_CASE_TEMPLATE("special values: NaN, infinities, signed zeros", DT, f32, f64
   Batch b;
   add_unary(b, operands_of(specials, true), "special values");
   add_binary(b, operands_of(pairs, true), operands_of(pairs, false), "special values, every pair");
+  // where: a branch's NaN and infinities stay out where the other is chosen (the C++ dialect
+  // selects by bit masks, with both branches computed), fused and eager.
+  const int64_t rows = int64_t(specials.size()), cols = int64_t(pairs.size());
+  Array c(Dims{rows, cols}), want(Dims{rows, cols});
+  auto x = operands_of(specials, true), y = operands_of(pairs, false);
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) {
+      const bool pick = (i * 7 + j * 3) % 5 < 2;
+      c.v[size_t(i * cols + j)] = pick;
+      want.v[size_t(i * cols + j)] = pick ? x.x.a.v[size_t(i)] : y.x.a.v[size_t(j)];
+    }
+  auto ct = make_tensor<boolean, 2>(c);
+  b.check(where(ct, x.x.t, y.x.t), want, "where over special values in both branches");
   b.run();
+  b.run(Mode::eager);
 }
 
 // ---- cast: every dtype to every dtype ----

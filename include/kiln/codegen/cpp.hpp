@@ -22,6 +22,11 @@ inline std::string cpp_prelude() {
          "#define KILN_FN inline\n"
          "static inline double kiln_bits_to_f64(uint64_t b) { double d; memcpy(&d, &b, 8); return d; }\n" +
          detail::read_device_file("cpu_math.hpp") + detail::read_device_file("philox.h") +
+         // NOTE: where() without a branch: GCC turned `c ? a : b` into a branch around a's work
+         // and left the element loop scalar (dropout(gelu(x)), 8192 floats: 0.36 ms, 0.061 ms so).
+         "static inline float kiln_where(bool c, float a, float b) { return kiln_detail_pick(c, a, b); }\n"
+         "static inline double kiln_where(bool c, double a, double b) { return kiln_detail_pick(c, a, b); }\n"
+         "template <class T> static inline T kiln_where(bool c, T a, T b) { return c ? a : b; }\n"
          "static inline int32_t kiln_abs(int32_t x) { return x < 0 ? -x : x; }\n"
          "static inline int64_t kiln_abs(int64_t x) { return x < 0 ? -x : x; }\n"
          "static inline int32_t kiln_sign(int32_t x) { return (x > 0) - (x < 0); }\n"

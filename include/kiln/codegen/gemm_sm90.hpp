@@ -28,6 +28,11 @@
 // counted across its tiles, so the producer fills the ring with the next tile's K steps
 // while the consumers still store this one, and no block start or pipeline fill is paid
 // per tile.
+// Stream-K (GemmConfig::stream_k, persistent): the block walks units of K steps instead
+// (KilnWalk, device/gemm_walk.h). A unit that ends a tile another block begins leaves its
+// sums in the block's workspace slot (kiln_sk_give); the block that begins the tile adds them
+// before its epilogue (kiln_sk_take); the split epilogue's warps skip the units that store
+// nothing.
 // Split epilogue (GemmConfig::split_epilogue, persistent): the producer warpgroup's warps
 // 1-3 run the epilogue. The consumers write each tile's accumulators to a staging tile in
 // shared memory (16-bit: the matmul's own value; `stg_full`), go on to the next tile's

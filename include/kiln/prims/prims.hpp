@@ -93,7 +93,7 @@ inline constexpr PrimInfo kPrims[] = {
   {Prim::le,     "le",     PrimKind::binary, "({0} <= {1})",    [](double a, double b, double) { return double(a <= b); }, false, true},
   {Prim::gt,     "gt",     PrimKind::binary, "({0} > {1})",     [](double a, double b, double) { return double(a > b); }, false, true},
   {Prim::ge,     "ge",     PrimKind::binary, "({0} >= {1})",    [](double a, double b, double) { return double(a >= b); }, false, true},
-  {Prim::where,  "where",  PrimKind::ternary, "({0} ? {1} : {2})", [](double c, double a, double b) { return c != 0 ? a : b; }, false, false},
+  {Prim::where,  "where",  PrimKind::ternary, "kiln_where({0}, {1}, {2})", [](double c, double a, double b) { return c != 0 ? a : b; }, false, false},
   {Prim::cast,   "cast",   PrimKind::cast,  "",                 [](double a, double, double) { return a; }, false, false},
   {Prim::sum,    "sum",    PrimKind::reduce, "({0} + {1})",     [](double a, double b, double) { return a + b; }, false, false},
   {Prim::amax,   "amax",   PrimKind::reduce, "kiln_max({0}, {1})", detail::h_max, false, false},

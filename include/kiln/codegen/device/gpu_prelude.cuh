@@ -75,6 +75,8 @@ KILN_FN double kiln_abs(double x) { return fabs(x); }
 KILN_FN int32_t kiln_abs(int32_t x) { return x < 0 ? -x : x; }
 KILN_FN int64_t kiln_abs(int64_t x) { return x < 0 ? -x : x; }
 template <class T> KILN_FN T kiln_sign(T x) { return (T)((x > (T)0) - (x < (T)0)) + (x != x ? x : (T)0); }
+// where(c, a, b) (the C++ dialect's is branch-free; here a select either way).
+template <class T> KILN_FN T kiln_where(bool c, T a, T b) { return c ? a : b; }
 // NaN-propagating, as torch.maximum / torch.minimum.
 template <class T> KILN_FN T kiln_max(T a, T b) { return (a > b || a != a) ? a : b; }
 template <class T> KILN_FN T kiln_min(T a, T b) { return (a < b || a != a) ? a : b; }
