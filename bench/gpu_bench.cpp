@@ -204,7 +204,7 @@ static void gemm_benches() {
           config = c.str();
           return std::optional(c);
         };
-        Tensor<bf16, 2> warm = matmul(p, q);
+        Tensor<bf16, 2> warm = matmul(p, q);  // through the chooser: fills `config` for the row's label
         bench_gemm(n + (sk ? " (stream-K)" : " (whole tiles)"), p, q, config);
         codegen::gemm_chooser() = nullptr;
       };

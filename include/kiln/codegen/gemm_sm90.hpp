@@ -86,11 +86,9 @@ class WgmmaWriter {
     // (KilnWalk), `whole_only` skipping the ends of tiles that other blocks store; else its one tile.
     auto tiles_open = [&](const std::string& ind, bool whole_only = false) {
       if (!persistent) return std::string();
-      std::string t = ind + "for (int64_t tile = blockIdx.x; tile < kiln_tiles; tile += gridDim.x) {\n";
-      if (sk) {
-        t = ind + "KilnWalk walk(kiln_tiles, KT, gridDim.x, blockIdx.x, gridDim.z, true);\n" + ind + "int kb, ke;\n" + ind + "for (int64_t tile; walk.step(tile, kb, ke);) {\n";
-        if (whole_only) t += ind + "  if (kb > 0) continue;\n";
-      }
+      std::string t = !sk ? ind + "for (int64_t tile = blockIdx.x; tile < kiln_tiles; tile += gridDim.x) {\n"
+                          : ind + "KilnWalk walk(kiln_tiles, KT, gridDim.x, blockIdx.x, gridDim.z, true);\n" + ind + "int kb, ke;\n" +
+                                ind + "for (int64_t tile; walk.step(tile, kb, ke);) {\n" + (whole_only ? ind + "  if (kb > 0) continue;\n" : "");
       return t + ind + "  int64_t m0, n0;\n" + GemmWriter::tile_origin("tile", ind + "  ", c_.group);
     };
     auto tiles_close = [&](const std::string& ind) { return persistent ? ind + "}\n" : std::string(); };

@@ -643,7 +643,6 @@ class GpuBackend final : public Backend {
   // library through it, the others as `fns` (the call's variants), on the device's stream.
   void launch_kernels(const ir::Graph& g, const CompiledPlan& cp, const GpuCall& call, const std::vector<Function>& fns,
                       const std::vector<uint8_t>& by_library, std::vector<uint64_t>& block, Device& dev) {
-    const auto& props = dev.properties();
     const auto& kernels = cp.plan.kernels;
     const bool profile = profiling();
     for (size_t k = 0; k < kernels.size(); ++k) {
@@ -656,18 +655,27 @@ class GpuBackend final : public Backend {
         continue;
       }
       const codegen::GpuVariant& v = call.vars[k];
-      GpuLaunch L = gpu_launch_shape(kernels[k], call.args[k], v, props.sm_count, props.warp_size);
-      uint64_t ws[codegen::kGpuSplitWords] = {};
-      if (v.workspace()) split_workspace(dev, gpu_workspace_words(kernels[k], v, L, props.warp_size), L.grid.x, ws);
-      gpu_arg_block(cp.layouts[k], call.args[k], v, ws, block);
       TensorMaps maps;
+      GpuLaunch L = prepare_launch(dev, kernels[k], cp.layouts[k], call.args[k], v, block, maps);
       void* params[] = {block.data(), &maps.a, &maps.b};
-      if (v.gemm.kind == codegen::GemmKind::wgmma) Api::tensor_maps(call.args[k], v, maps);
       KernelDescription describe{&g, &kernels[k]};
       fns[k].launch({L.grid.x, L.grid.y, L.grid.z}, {L.block.x, L.block.y, L.block.z}, L.shared_bytes, params,
                     LazyText{&KernelDescription::text, &describe}, dev.stream());
       if (timer) timer->stop(dev.stream()), detail::profile_record(profile_label(g, cp.mode, k, kernels[k]) + " " + variant_text(kernels[k], v), timer->elapsed_ms());
     }
+  }
+
+  // One launch of a kernel as variant v: its shape, its argument block (with the workspace of
+  // split rows and stream-K GEMMs) into `block`, and a wgmma GEMM's tensor maps into `maps`.
+  GpuLaunch prepare_launch(Device& dev, const sched::Kernel& kernel, const codegen::Layout& layout, const KernelArgs& args,
+                           const codegen::GpuVariant& v, std::vector<uint64_t>& block, TensorMaps& maps) {
+    const auto& props = dev.properties();
+    GpuLaunch L = gpu_launch_shape(kernel, args, v, props.sm_count, props.warp_size);
+    uint64_t ws[codegen::kGpuSplitWords] = {};
+    if (v.workspace()) split_workspace(dev, gpu_workspace_words(kernel, v, L, props.warp_size), L.grid.x, ws);
+    gpu_arg_block(layout, args, v, ws, block);
+    if (v.gemm.kind == codegen::GemmKind::wgmma) Api::tensor_maps(args, v, maps);
+    return L;
   }
 
   // What a thread keeps of its last call of a plan on a device: the bound arguments (their
@@ -805,13 +813,9 @@ class GpuBackend final : public Backend {
         const codegen::GpuVariant& v = t.vars[i];
         Function f = dev.load_module(t.programs[i].source, t.programs[i].options, "kiln_gemm").function("kiln_k0");
         std::vector<uint64_t> block;
-        GpuLaunch L = gpu_launch_shape(kernels[k], call.args[k], v, props.sm_count, props.warp_size);
-        uint64_t ws[codegen::kGpuSplitWords] = {};
-        if (v.workspace()) split_workspace(dev, gpu_workspace_words(kernels[k], v, L, props.warp_size), L.grid.x, ws);
-        gpu_arg_block(cp.layouts[k], call.args[k], v, ws, block);
         TensorMaps maps;
+        GpuLaunch L = prepare_launch(dev, kernels[k], cp.layouts[k], call.args[k], v, block, maps);
         void* params[] = {block.data(), &maps.a, &maps.b};
-        if (v.gemm.kind == codegen::GemmKind::wgmma) Api::tensor_maps(call.args[k], v, maps);
         const std::string what = describe_kernel(g, kernels[k]);
         return time_us(dev, [&] {
           f.launch({L.grid.x, L.grid.y, L.grid.z}, {L.block.x, L.block.y, L.block.z}, L.shared_bytes, params, what, dev.stream());
