@@ -195,53 +195,65 @@ static void gemm_benches() {
     run("W4 h.t()@dy", h.transpose(0, 1), dy);
     run("W4 dh@W1.t()", h, W1.transpose(0, 1));
     run("W4 x.t()@dh", x.transpose(0, 1), h);
-    if (std::getenv("KILN_BENCH_GEMM_STREAMK")) {  // each W4 GEMM with stream-K off and on, two rounds alternated
-      auto forced = [&](const std::string& n, const Tensor<bf16, 2>& p, const Tensor<bf16, 2>& q, bool sk) {
+    // Each W4 GEMM with the heuristic's config and with `tweak` applied (where the result fits
+    // the problem), two rounds alternated.
+    auto ab = [&](const std::string& off, const std::string& on, const std::function<void(codegen::GemmConfig&)>& tweak) {
+      auto forced = [&](const std::string& n, const Tensor<bf16, 2>& p, const Tensor<bf16, 2>& q, bool tweaked) {
         std::string config;
-        codegen::gemm_chooser() = [&config, sk](const codegen::GemmProblem& pr) {
-          codegen::GemmConfig c = codegen::gemm_heuristic(pr);
-          c.stream_k = sk;
-          config = c.str();
-          return std::optional(c);
+        codegen::gemm_chooser() = [&config, &tweak, tweaked](const codegen::GemmProblem& pr) {
+          codegen::GemmConfig c = codegen::gemm_heuristic(pr), t = c;
+          if (tweaked) tweak(t);
+          config = (codegen::gemm_fits(t, pr) ? t : c).str();
+          return std::optional(codegen::gemm_fits(t, pr) ? t : c);
         };
         Tensor<bf16, 2> warm = matmul(p, q);  // through the chooser: fills `config` for the row's label
-        bench_gemm(n + (sk ? " (stream-K)" : " (whole tiles)"), p, q, config);
+        bench_gemm(n + " (" + (tweaked ? on : off) + ")", p, q, config);
         codegen::gemm_chooser() = nullptr;
       };
       for (int r = 0; r < 2; ++r)
-        for (bool sk : {false, true}) {
-          forced("W4 x@W1", x, W1, sk), forced("W4 h@W2", h, W2, sk), forced("W4 dy@W2.t()", dy, W2.transpose(0, 1), sk);
-          forced("W4 h.t()@dy", h.transpose(0, 1), dy, sk), forced("W4 dh@W1.t()", h, W1.transpose(0, 1), sk);
-          forced("W4 x.t()@dh", x.transpose(0, 1), h, sk);
+        for (bool t : {false, true}) {
+          forced("W4 x@W1", x, W1, t), forced("W4 h@W2", h, W2, t), forced("W4 dy@W2.t()", dy, W2.transpose(0, 1), t);
+          forced("W4 h.t()@dy", h.transpose(0, 1), dy, t), forced("W4 dh@W1.t()", h, W1.transpose(0, 1), t);
+          forced("W4 x.t()@dh", x.transpose(0, 1), h, t);
         }
-    }
+    };
+    if (std::getenv("KILN_BENCH_GEMM_STREAMK")) ab("whole tiles", "stream-K", [](codegen::GemmConfig& c) { c.stream_k = true; });
+    if (std::getenv("KILN_BENCH_GEMM_CLUSTER")) ab("as the heuristic", "one block each", [](codegen::GemmConfig& c) { c.cluster = 1; });
     // Where the W4 step spends beyond its plain GEMMs: the forward's fused gelu epilogue, dh's
     // fused gelu' epilogue (it reads the saved pre-activation), the bias gradients' column sums.
+    // An epilogue is timed in alternation with its plain GEMM, three rounds: the clock drifts as
+    // the GPU warms, so figures taken a minute apart do not compare.
     Tensor<bf16, 1> b1 = cast<bf16>(randn<f32>(Shape<1>{16384}, 30) * 0.02f);
-    auto part = [](const char* name, double ms, double plain_ms, double bytes) {
-      std::printf("W4 part %-42s %8.3f ms", name, ms);
-      if (plain_ms > 0) std::printf("  (its plain GEMM %.3f ms: epilogue +%.1f%%)", plain_ms, 100 * (ms / plain_ms - 1));
-      if (bytes > 0) std::printf("  %6.0f GB/s", bytes / ms / 1e6);
-      std::printf("\n");
+    auto part = [](const std::string& name, const std::function<void()>& fused, const std::function<void()>& plain) {
+      std::vector<double> f, p, ratio;
+      for (int r = 0; r < 3; ++r) p.push_back(time_ms(plain, 20)), f.push_back(time_ms(fused, 20)), ratio.push_back(f.back() / p.back());
+      auto median = [](std::vector<double> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; };
+      std::printf("W4 part %-42s %8.3f ms  (its plain GEMM %.3f ms, alternated: epilogue %+.1f%%; rounds %+.1f %+.1f %+.1f%%)\n",
+                  name.c_str(), median(f), median(p), 100 * (median(ratio) - 1), 100 * (ratio[0] - 1), 100 * (ratio[1] - 1),
+                  100 * (ratio[2] - 1));
       std::fflush(stdout);
     };
-    double fwd = time_ms([&] { Tensor<bf16, 2> o = gelu(matmul(x, W1) + b1); }, 20);
-    part("gelu(x@W1 + b1)", fwd, gemm_rows[gemm_rows.size() - 6].ms, 0);
     auto gelu_grad = [](const auto& p) { return 0.5f * (1.0f + erf(p * 0.70710678f)) + p * exp(-0.5f * p * p) * 0.39894228f; };
-    double bwd = time_ms([&] { Tensor<bf16, 2> o = matmul(dy, W2.transpose(0, 1)) * gelu_grad(h); }, 20);
-    part("dy@W2.t() * gelu'(pre)", bwd, gemm_rows[gemm_rows.size() - 4].ms, 0);
+    auto fwd = [&] { Tensor<bf16, 2> o = gelu(matmul(x, W1) + b1); };
+    auto fwd_plain = [&] { Tensor<bf16, 2> o = matmul(x, W1); };
+    auto bwd = [&] { Tensor<bf16, 2> o = matmul(dy, W2.transpose(0, 1)) * gelu_grad(h); };
+    auto bwd_plain = [&] { Tensor<bf16, 2> o = matmul(dy, W2.transpose(0, 1)); };
+    part("gelu(x@W1 + b1)", fwd, fwd_plain);
+    part("dy@W2.t() * gelu'(pre)", bwd, bwd_plain);
     {  // the same two with the epilogue in the consumers (the heuristic's config for plain GEMMs)
       const auto& props = cu::cuda_device().properties();
       codegen::GemmConfig plain = codegen::gemm_candidates(DType::bf16, props.cc_major * 10 + props.cc_minor).front();
-      codegen::gemm_chooser() = [plain](const codegen::GemmProblem&) { return std::optional(plain); };
-      std::string n1 = "gelu(x@W1 + b1), " + plain.str(), n2 = "dy@W2.t() * gelu'(pre), " + plain.str();
-      part(n1.c_str(), time_ms([&] { Tensor<bf16, 2> o = gelu(matmul(x, W1) + b1); }, 20), gemm_rows[gemm_rows.size() - 6].ms, 0);
-      part(n2.c_str(), time_ms([&] { Tensor<bf16, 2> o = matmul(dy, W2.transpose(0, 1)) * gelu_grad(h); }, 20),
-           gemm_rows[gemm_rows.size() - 4].ms, 0);
+      codegen::gemm_chooser() = [plain](const codegen::GemmProblem& q) { return std::optional(codegen::gemm_clustered(plain, q)); };
+      part("gelu(x@W1 + b1), consumers' epilogue", fwd, fwd_plain);
+      part("dy@W2.t() * gelu'(pre), consumers' epilogue", bwd, bwd_plain);
       codegen::gemm_chooser() = nullptr;
     }
-    part("sum(dh, 0) [8192,16384] (db1)", time_ms([&] { Tensor<bf16, 1> o = sum(h, 0); }, 20), 0, 8192.0 * 16384 * 2);
-    part("sum(dy, 0) [8192,4096] (db2)", time_ms([&] { Tensor<bf16, 1> o = sum(dy, 0); }, 20), 0, 8192.0 * 4096 * 2);
+    auto reduction = [](const char* name, double ms, double bytes) {
+      std::printf("W4 part %-42s %8.3f ms  %6.0f GB/s\n", name, ms, bytes / ms / 1e6);
+      std::fflush(stdout);
+    };
+    reduction("sum(dh, 0) [8192,16384] (db1)", time_ms([&] { Tensor<bf16, 1> o = sum(h, 0); }, 20), 8192.0 * 16384 * 2);
+    reduction("sum(dy, 0) [8192,4096] (db2)", time_ms([&] { Tensor<bf16, 1> o = sum(dy, 0); }, 20), 8192.0 * 4096 * 2);
   }
   {  // the SIMT path: f32 (PyTorch's default fp32 matmul is not TF32)
     Tensor<f32, 2> a = randn<f32>(Shape<2>{4096, 4096}, 28), b = randn<f32>(Shape<2>{4096, 4096}, 29);
@@ -295,9 +307,9 @@ static std::string w4_step_bench() {
     for (int r = 0; r < 3; ++r)
       for (size_t i = 0; i < labels.size(); ++i) {
         codegen::gemm_chooser() = [&tweak, i](const codegen::GemmProblem& q) {
-          codegen::GemmConfig c = codegen::gemm_heuristic(q);
-          tweak(c, i);
-          return std::optional(c);
+          codegen::GemmConfig c = codegen::gemm_heuristic(q), t = c;
+          tweak(t, i);
+          return std::optional(codegen::gemm_fits(t, q) ? t : c);
         };
         double loop = loop_ms([&] { auto o = run(Mode::fused, st); }, 100), flushed = time_ms([&] { auto o = run(Mode::fused, st); }, 10);
         std::printf("W4 fused, round %d, GEMMs %-28s back to back %8.3f ms, flushed %8.3f ms\n", r, labels[i].c_str(), loop, flushed);
@@ -319,6 +331,8 @@ static std::string w4_step_bench() {
   }
   if (std::getenv("KILN_BENCH_GEMM_STREAMK"))  // the persistent GEMMs' last waves as whole tiles, and cut into runs of K steps
     compare({"in whole tiles", "with stream-K"}, [](codegen::GemmConfig& c, size_t i) { c.stream_k = i == 1; });
+  if (std::getenv("KILN_BENCH_GEMM_CLUSTER"))  // the persistent GEMMs alone, and in clusters of two sharing B's loads
+    compare({"one block each", "in clusters of 2"}, [](codegen::GemmConfig& c, size_t i) { c.cluster = i == 1 && c.persistent ? 2 : 1; });
   double worst = std::max({e_loss, e[0], e[1], e[2], e[3], e[4]});
   // max-autotune from cold: a fresh cache directory (no tuning database, no compiled candidate
   // on disk); the first call tunes every matmul and compiles; then the tuned step's time.

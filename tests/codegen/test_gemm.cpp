@@ -75,7 +75,17 @@ TEST_CASE("gemm config choice: tensor cores only where dtype, architecture and l
   GemmConfig hopper = codegen::gemm_heuristic(problem(8192, 8192, 8192, DType::bf16, true, 90, true));
   CHECK(hopper.kind == GemmKind::wgmma);
   CHECK(hopper.bm * hopper.bn == 128 * 256);
-  CHECK(codegen::gemm_heuristic(problem(2048, 1024, 4096, DType::f16, true, 90, true)).bn == 128);  // 128 tiles of 128x128
+  CHECK(hopper.cluster == 2);  // 2048 tiles on 132 SMs: in clusters of two
+  GemmConfig one_wave = codegen::gemm_heuristic(problem(2048, 1024, 4096, DType::f16, true, 90, true));
+  CHECK(one_wave.bn == 128);  // 128 tiles of 128x128
+  CHECK(one_wave.cluster == 1);  // one wave: no clusters
+  CHECK(codegen::gemm_heuristic(problem(8192, 4096, 4096, DType::bf16, true, 90, true)).cluster == 2);  // 1024 tiles (W4's h @ W2)
+  CHECK(codegen::gemm_heuristic(problem(2048, 4096, 4096, DType::bf16, true, 90, true)).cluster == 1);  // 256 tiles: under two waves
+  CHECK(codegen::gemm_heuristic(problem(512, 131072, 4096, DType::bf16, true, 90, true)).cluster == 1);  // 4 tile rows
+  GemmProblem batched = problem(1024, 4096, 4096, DType::bf16, true, 90, true);
+  batched.batch = 8;  // 8 x 128 tiles, but clusters only within one matrix
+  CHECK(codegen::gemm_heuristic(batched).persistent);
+  CHECK(codegen::gemm_heuristic(batched).cluster == 1);
   CHECK(codegen::gemm_heuristic(problem(8192, 8192, 32, DType::bf16, true, 90, true)).kind == GemmKind::mma);  // K < 64
   CHECK(codegen::gemm_heuristic(problem(8192, 8192, 8192, DType::bf16, true, 80, true)).kind == GemmKind::mma);
   CHECK(codegen::gemm_heuristic(problem(8192, 8192, 8192, DType::bf16, true, 100, true)).kind == GemmKind::mma);
@@ -153,6 +163,11 @@ TEST_CASE("gemm config choice: tensor cores only where dtype, architecture and l
   auto count = [](const std::vector<GemmConfig>& cs, GemmKind k) { return std::count_if(cs.begin(), cs.end(), [&](const GemmConfig& c) { return c.kind == k; }); };
   CHECK(count(tuned, GemmKind::wgmma) == 6);
   CHECK(count(tuned, GemmKind::mma) == 0);
+  // ... the persistent ones in clusters, as the heuristic would run them (2048 or more tiles).
+  auto clustered = [](const std::vector<GemmConfig>& cs) { return std::count_if(cs.begin(), cs.end(), [](const GemmConfig& c) { return c.cluster == 2; }); };
+  CHECK(clustered(tuned) == 2);
+  for (const GemmConfig& c : tuned) CHECK((c.cluster == 2) == c.persistent);
+  CHECK(clustered(codegen::gemm_tuning_candidates(problem(1024, 1024, 1024, DType::bf16, true, 90, true))) == 0);
   // A transcendental epilogue: the split-epilogue configs too, and the heuristic's tile with one.
   GemmProblem heavy = problem(8192, 8192, 8192, DType::bf16, true, 90, true);
   heavy.heavy_epilogue = true;
@@ -162,7 +177,8 @@ TEST_CASE("gemm config choice: tensor cores only where dtype, architecture and l
   CHECK(!hopper.split_epilogue);
   GemmConfig split = codegen::gemm_heuristic(heavy);
   CHECK((split.kind == GemmKind::wgmma && split.bm == 128 && split.bn == 256 && split.persistent && split.split_epilogue));
-  CHECK(split.str().substr(split.str().rfind('_')) == "_pe");
+  CHECK(split.str().substr(split.str().find("_p")) == "_pe_c2");
+  CHECK(clustered(tuned_heavy) == 3);  // not the 128 x 192 split config: 192 columns do not split into two 64-column shares
   heavy.m = heavy.n = 1024;  // 64 tiles of 128 x 128: no split config of that tile
   CHECK(!codegen::gemm_heuristic(heavy).split_epilogue);
   auto no_tma = codegen::gemm_tuning_candidates(problem(8192, 8192, 8192, DType::bf16, true, 90));
@@ -428,15 +444,18 @@ TEST_CASE("the persistent Hopper kernel: a block per SM walks the tiles; it comp
   for (const GemmConfig& c : codegen::gemm_candidates(DType::bf16, 90))
     if (c.persistent) persistent.push_back(c);
   REQUIRE(persistent.size() == 4);  // two with a split epilogue
-  for (GemmConfig c : std::vector(persistent)) {  // each also with stream-K
-    CHECK(!c.stream_k);
+  for (GemmConfig c : std::vector(persistent)) {  // each also with stream-K, and in clusters of two blocks (B's
+    CHECK(!c.stream_k);                           // tile in two shares of whole 64-column boxes)
+    CHECK(c.cluster == 1);
     c.stream_k = true;
     persistent.push_back(c);
+    c.stream_k = false, c.cluster = 2;
+    if (c.bn % 128 == 0) persistent.push_back(c);
   }
   for (const GemmConfig& c : persistent) {
     CAPTURE(c.str());
-    const std::string suffix = std::string(c.split_epilogue ? "_pe" : "_p") + (c.stream_k ? "k" : "");
-    CHECK(c.str().substr(c.str().rfind('_')) == suffix);
+    const std::string suffix = std::string(c.split_epilogue ? "_pe" : "_p") + (c.stream_k ? "k" : "") + (c.cluster > 1 ? "_c2" : "");
+    CHECK(c.str().substr(c.str().find("_p")) == suffix);
     CHECK(c.group == 8);
     GemmHook force(c);
     // 2048 x 4096: 16 x 16 tiles of 128 x 256 (16 x 32 of 128 x 128) on 132 SMs; 64 x 48: one tile
@@ -447,8 +466,14 @@ TEST_CASE("the persistent Hopper kernel: a block per SM walks the tiles; it comp
     for (size_t k = 0; k < p.kinds.size(); ++k)
       if (p.kinds[k] == sched::KernelKind::matmul) blocks.push_back(p.launches[k].grid.x);
     std::sort(blocks.begin(), blocks.end());
-    CHECK(blocks == std::vector<unsigned>{1u, 132u});
+    // Clusters: whole clusters of two, each on two tiles one above the other (one tile: one cluster).
+    CHECK(blocks == std::vector<unsigned>{c.cluster > 1 ? 2u : 1u, 132u});
     for (const auto& v : mm) CHECK(v.gemm == c);
+    // In clusters: B's shares multicast into both blocks, stages given back to both.
+    CHECK((p.src.find("__cluster_dims__(2, 1, 1)") != std::string::npos) == (c.cluster > 1));
+    CHECK((p.src.find("kiln_tma_load_3d_multicast(b") != std::string::npos) == (c.cluster > 1));
+    CHECK((p.src.find("kiln_mbar_arrive_cluster(e, r)") != std::string::npos) == (c.cluster > 1));
+    CHECK((p.src.find("tile += gridDim.x / CL") != std::string::npos) == (c.cluster > 1));
     CHECK((mm[0].epilogue_vec || mm[1].epilogue_vec));
     // Stream-K: units from KilnWalk, sums handed over through the workspace (the argument
     // struct's last words); else the plain round of whole tiles.
@@ -483,6 +508,22 @@ TEST_CASE("the persistent Hopper kernel: a block per SM walks the tiles; it comp
   std::vector<codegen::GpuVariant> sk = p.vars;
   for (auto& v : sk) v.gemm.stream_k = true;
   CHECK(runtime::variant_key(p.vars) != runtime::variant_key(sk));
+  // Clusters: their own program; not with stream-K, not for a tile whose columns do not split
+  // into 64-column shares, not for a block that is not persistent.
+  std::vector<codegen::GpuVariant> cl = p.vars;
+  for (auto& v : cl) v.gemm.cluster = 2;
+  CHECK(runtime::variant_key(p.vars) != runtime::variant_key(cl));
+  REQUIRE(!force.seen.empty());
+  const GemmProblem prob = force.seen.front();  // the 2048 x 1024 x 4096 matmul, on sm_90
+  GemmConfig c2 = persistent.front();
+  c2.cluster = 2;
+  CHECK(codegen::gemm_fits(c2, prob));
+  c2.stream_k = true;
+  CHECK(!codegen::gemm_fits(c2, prob));
+  c2.stream_k = false, c2.persistent = false;
+  CHECK(!codegen::gemm_fits(c2, prob));
+  c2.persistent = true, c2.bn = 192;
+  CHECK(!codegen::gemm_fits(c2, prob));
 }
 
 }  // TEST_SUITE("nvrtc")
@@ -778,7 +819,7 @@ TEST_CASE_TEMPLATE("GPU GEMM epilogue in the Hopper kernel: interior tiles 4 col
   }
 }
 
-TEST_CASE("GPU GEMM: the persistent Hopper kernel over more tiles than SMs, each block several tiles, stream-K") {
+TEST_CASE("GPU GEMM: the persistent Hopper kernel over more tiles than SMs, each block several tiles, stream-K, clusters") {
   if (kiln::default_device() == kiln::cpu() || cuda_arch() != 90) return;
   KILN_TEST_RNG(rng);
   int persistent = 0;
@@ -786,9 +827,11 @@ TEST_CASE("GPU GEMM: the persistent Hopper kernel over more tiles than SMs, each
   for (const GemmConfig& c : codegen::gemm_candidates(DType::bf16, 90))
     if (c.persistent) configs.push_back(c), ++persistent;
   CHECK(persistent == 4);  // two with a split epilogue
-  // Each also with stream-K; and raster groups of other heights: 3 (9 tile rows in three
-  // groups), 16 (one group, partial).
+  // Each also with stream-K, and in clusters of two blocks; and raster groups of other
+  // heights: 3 (9 tile rows in three groups), 16 (one group, partial).
   for (int i = 0; i < persistent; ++i) configs.push_back(configs[size_t(i)]), configs.back().stream_k = true;
+  for (int i = 0; i < persistent; ++i)
+    if (configs[size_t(i)].bn % 128 == 0) configs.push_back(configs[size_t(i)]), configs.back().cluster = 2;
   for (int g : {3, 16}) configs.push_back(configs.front()), configs.back().group = g;
   // On 132 SMs, 128 x 256 tiles: M = 1096, N = 3896 gives 9 x 16 = 144 tiles, with stream-K
   // every one of them in runs (12 past the first wave, plus one wave), K = 136 three K steps,
@@ -796,6 +839,7 @@ TEST_CASE("GPU GEMM: the persistent Hopper kernel over more tiles than SMs, each
   // K steps, then 132 whole tiles, K = 264 five steps (the ring of stages wraps inside a run).
   // 128 x 128 tiles: 279 and 527 tiles, 147 and 263 of them in runs. Blocks take a second or
   // third tile while their producer is already loading it; M and N no multiples of the tile.
+  // In clusters of two, 9 and 17 tile rows leave the last cluster's lower tile wholly past M.
   // NOTE: every row 16-byte aligned (M, N and K multiples of 8), as the copy engine needs.
   for (auto [M, K] : {std::pair<int64_t, int64_t>{1096, 136}, {2056, 264}}) {
     const int64_t N = 3896;

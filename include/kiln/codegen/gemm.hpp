@@ -66,6 +66,11 @@ struct GemmConfig {
   // NOTE: on an H200 W4's step took the same time at 16 as at 8, longer at 32 and 64
   // (KILN_BENCH_GEMM_GROUPS; docs/benchmarks.md, twelfth session).
   int group = 8;
+  // wgmma, persistent, not stream-K: blocks work in clusters of this many (1 or 2) on tiles
+  // one above the other, which share B's tile: each block's copy engine brings its half of
+  // B's box into both blocks' shared memory (TMA multicast), so a 128x256 block reads 3/4 of
+  // the bytes from L2 that it would alone (cuBLAS's kernels for W4 run in clusters of two).
+  int cluster = 1;
 
   int threads() const {
     if (kind == GemmKind::wgmma) return (bm / wm + 1) * 128;
@@ -75,7 +80,8 @@ struct GemmConfig {
     static const char* names[] = {"simt", "mma", "wgmma", "mfma"};
     return std::string(names[int(kind)]) + "_" + std::to_string(bm) + "x" + std::to_string(bn) +
            "x" + std::to_string(bk) + "_" + std::to_string(wm) + "x" + std::to_string(wn) + "_s" + std::to_string(stages) +
-           (persistent ? "_p" : "") + (split_epilogue ? "e" : "") + (stream_k ? "k" : "") + (group != 8 ? "_g" + std::to_string(group) : "");
+           (persistent ? "_p" : "") + (split_epilogue ? "e" : "") + (stream_k ? "k" : "") + (group != 8 ? "_g" + std::to_string(group) : "") +
+           (cluster > 1 ? "_c" + std::to_string(cluster) : "");
   }
   bool operator==(const GemmConfig&) const = default;
 };
@@ -129,7 +135,9 @@ inline bool gemm_has_mfma(DType d, int arch) {
 
 // Whether a config can compute this problem.
 inline bool gemm_fits(const GemmConfig& c, const GemmProblem& p) {
-  if (c.kind == GemmKind::wgmma) return p.tma_ok && p.tensor_ok && gemm_has_wgmma(p.dtype, p.arch);
+  if (c.kind == GemmKind::wgmma)
+    return p.tma_ok && p.tensor_ok && gemm_has_wgmma(p.dtype, p.arch) &&
+           (c.cluster == 1 || (c.persistent && !c.stream_k && c.bn % (64 * c.cluster) == 0));
   if (c.kind == GemmKind::mma) return p.tensor_ok && gemm_has_mma(p.dtype, p.arch);
   if (c.kind == GemmKind::mfma) return p.tensor_ok && gemm_has_mfma(p.dtype, p.arch);
   return true;
@@ -148,8 +156,9 @@ inline std::vector<GemmConfig> gemm_candidates(DType d, int arch) {
     // NOTE: with every GEMM forced to each config in one process on an H200, the W4 step took
     // 10.21 ms with the persistent 128x256 kernel, 10.80 ms with the 4-stage one
     // (KILN_BENCH_GEMM_SWEEP=1 gpu_bench); across machines the step varied as much.
-    // TODO(#6): stream_k on the persistent configs once an H200 has timed it (no GPU was lent
-    // in the session that wrote it; KILN_BENCH_GEMM_STREAMK in bench/gpu_bench.cpp compares).
+    // NOTE: stream_k is left off: on an H200 it made W4's GEMMs with K = 16384 27% slower
+    // (h @ W2 1.39 -> 1.76 ms), the rest 0-5%, the step 10.74 -> 11.55 ms: blocks working at
+    // different K offsets no longer share A's and B's panels in L2 (KILN_BENCH_GEMM_STREAMK).
     hopper = {{K::wgmma, 128, 256, 64, 64, 256, 4, true}, {K::wgmma, 128, 128, 64, 64, 128, 6},
               {K::wgmma, 128, 192, 64, 64, 192, 4}, {K::wgmma, 128, 256, 64, 64, 256, 4},
               {K::wgmma, 128, 256, 64, 64, 256, 3}, {K::wgmma, 128, 128, 64, 64, 128, 6, true},
@@ -173,26 +182,42 @@ inline std::vector<GemmConfig> gemm_candidates(DType d, int arch) {
   return {{K::simt, 128, 128, 8, 8, 8, 1}, {K::simt, 64, 64, 16, 4, 4, 1}, {K::simt, 32, 32, 16, 2, 2, 1}};
 }
 
-// What max-autotune times for this problem: the candidates that fit it; a split epilogue
-// only where the epilogue is heavy; where wgmma fits, no mma config (on an H200 every mma
-// config ran at half wgmma's speed or less: docs/benchmarks.md; compiling them was a
-// third of W4's tuning time).
-inline std::vector<GemmConfig> gemm_tuning_candidates(const GemmProblem& p) {
-  std::vector<GemmConfig> all = gemm_candidates(p.dtype, p.tensor_ok ? p.arch : 0), out;
-  bool hopper = std::any_of(all.begin(), all.end(), [&](const GemmConfig& c) { return c.kind == GemmKind::wgmma && gemm_fits(c, p); });
-  for (const GemmConfig& c : all)
-    if (gemm_fits(c, p) && !(hopper && c.kind == GemmKind::mma) && (p.heavy_epilogue || !c.split_epilogue)) out.push_back(c);
-  return out;
-}
-
 // Blocks (output tiles) a config launches for this problem.
 inline int64_t gemm_tiles(const GemmConfig& c, const GemmProblem& p) {
   return ((p.m + c.bm - 1) / c.bm) * ((p.n + c.bn - 1) / c.bn) * p.batch;
 }
 
+// A persistent config in clusters of two blocks, where one matrix (no batch) holds two full
+// waves of tiles or more in 8 tile rows or more: a cluster takes two tiles one above the
+// other, so an odd last tile row leaves a block idle (at most 1 in rows + 1). NOTE: on an
+// H200 W4's six GEMMs took 1.7% and 1.1% less time so in two rounds (11 of 12 faster or the
+// same), the step 0.9% less back to back and 0.2% flushed (KILN_BENCH_GEMM_CLUSTER;
+// docs/benchmarks.md, fourteenth session): the blocks read a quarter fewer bytes from L2, and
+// the step is bound by the power limit.
+inline GemmConfig gemm_clustered(const GemmConfig& c, const GemmProblem& p) {
+  GemmConfig t = c;
+  t.cluster = 2;
+  const bool pays = p.batch == 1 && p.sm_count > 0 && gemm_tiles(c, p) >= 2 * p.sm_count && (p.m + c.bm - 1) / c.bm >= 8;
+  return c.persistent && c.cluster == 1 && pays && gemm_fits(t, p) ? t : c;
+}
+
+// What max-autotune times for this problem: the candidates that fit it; a split epilogue
+// only where the epilogue is heavy; where wgmma fits, no mma config (on an H200 every mma
+// config ran at half wgmma's speed or less: docs/benchmarks.md; compiling them was a
+// third of W4's tuning time); persistent ones in clusters where the heuristic would cluster.
+inline std::vector<GemmConfig> gemm_tuning_candidates(const GemmProblem& p) {
+  std::vector<GemmConfig> all = gemm_candidates(p.dtype, p.tensor_ok ? p.arch : 0), out;
+  bool hopper = std::any_of(all.begin(), all.end(), [&](const GemmConfig& c) { return c.kind == GemmKind::wgmma && gemm_fits(c, p); });
+  for (const GemmConfig& c : all)
+    if (gemm_fits(c, p) && !(hopper && c.kind == GemmKind::mma) && (p.heavy_epilogue || !c.split_epilogue))
+      out.push_back(gemm_clustered(c, p));
+  return out;
+}
+
 // The default mode's choice, no tuning: the largest block tile (wgmma's 128x256,
 // 128x128, then mma's or mfma's 128x128, 64x128, 64x64) that still gives every SM a block
-// (larger tiles re-read A and B less); else the smallest.
+// (larger tiles re-read A and B less), in clusters where that pays (gemm_clustered); else
+// the smallest.
 inline GemmConfig gemm_heuristic(const GemmProblem& p) {
   auto all = gemm_candidates(p.dtype, p.tensor_ok ? p.arch : 0);
   auto tile = [&](GemmKind kind, int bm, int bn) {
@@ -214,7 +239,7 @@ inline GemmConfig gemm_heuristic(const GemmProblem& p) {
     return c;
   };
   for (const GemmConfig& c : ladder)
-    if (gemm_tiles(c, p) * 10 >= p.sm_count * 9) return with_epilogue_wg(c);
+    if (gemm_tiles(c, p) * 10 >= p.sm_count * 9) return gemm_clustered(with_epilogue_wg(c), p);
   return ladder.back();
 }
 
@@ -298,12 +323,15 @@ class GemmWriter {
     return s + "  int64_t m0, n0;\n" + tile_origin("blockIdx.x", "  ", c_.group);
   }
   // Sets m0, n0 to the origin of tile number `pid`, in a grouped raster: consecutive tiles
-  // share A row panels (`group` tiles tall) so that they meet in L2.
-  static std::string tile_origin(const std::string& pid, const std::string& ind, int group) {
-    const std::string G = std::to_string(group);
-    std::string s = ind + "{\n" + ind + "  const int64_t gm = (Mr + BM - 1) / BM, gn = (N + BN - 1) / BN, pid = " + pid + ";\n";
+  // share A row panels (`group` tiles tall) so that they meet in L2. In clusters of blocks
+  // (`cluster` > 1) `pid` numbers the cluster's tiles, `cluster` tiles tall; block kiln_crank
+  // of the cluster takes the kiln_crank-th of them.
+  static std::string tile_origin(const std::string& pid, const std::string& ind, int group, int cluster = 1) {
+    const std::string G = std::to_string(group), TM = cluster > 1 ? "(BM * " + std::to_string(cluster) + ")" : "BM";
+    std::string s = ind + "{\n" + ind + "  const int64_t gm = (Mr + " + TM + " - 1) / " + TM + ", gn = (N + BN - 1) / BN, pid = " + pid + ";\n";
     s += ind + "  const int64_t first = pid / (" + G + " * gn) * " + G + ", rows = gm - first < " + G + " ? gm - first : " + G + ";\n";
-    s += ind + "  m0 = (first + (pid % (" + G + " * gn)) % rows) * BM; n0 = (pid % (" + G + " * gn)) / rows * BN;\n";
+    s += ind + "  m0 = (first + (pid % (" + G + " * gn)) % rows) * " + TM + (cluster > 1 ? " + kiln_crank * BM" : "") + "; n0 = (pid % (" + G +
+         " * gn)) / rows * BN;\n";
     return s + ind + "}\n";
   }
   // One output element's store, skipped past M and N (`checked`), or unconditional (a

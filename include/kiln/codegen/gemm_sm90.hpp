@@ -33,6 +33,13 @@
 // sums in the block's workspace slot (kiln_sk_give); the block that begins the tile adds them
 // before its epilogue (kiln_sk_take); the split epilogue's warps skip the units that store
 // nothing.
+// Clusters (GemmConfig::cluster, persistent, not stream-K): CL blocks (__cluster_dims__) take
+// the CL tiles of one column of tiles, one above the other, so they share B's tile: each
+// block's producer brings its 1/CL of it into every block of the cluster (TMA multicast),
+// completing bytes on each block's own `full` barrier, and a stage is free (`empty`) once
+// every consumer warp of the cluster has given it back. The blocks meet (barrier.cluster)
+// after initialising their barriers and before they leave. A block whose tile lies wholly
+// past M reads A from row 0 and stores nothing.
 // Split epilogue (GemmConfig::split_epilogue, persistent): the producer warpgroup's warps
 // 1-3 run the epilogue. The consumers write each tile's accumulators to a staging tile in
 // shared memory (16-bit: the matmul's own value; `stg_full`), go on to the next tile's
@@ -60,6 +67,7 @@ class WgmmaWriter {
   std::string body(const std::string& prelude = "") const {
     auto S = [](int v) { return std::to_string(v); };
     const bool persistent = c_.persistent, split = c_.persistent && c_.split_epilogue, sk = c_.persistent && c_.stream_k;
+    const int cl = persistent && !sk ? c_.cluster : 1;  // blocks of a cluster, sharing B's tile
     // A unit's K steps: the whole tile's, or a stream-K run's part of it.
     const std::string KB = sk ? "kb" : "0", KE = sk ? "ke" : "KT";
     std::string s = w_.head(prelude);
@@ -72,24 +80,33 @@ class WgmmaWriter {
       s += "  const uint32_t stg_full = full0 + STAGES * 16, stg_empty = stg_full + 8, stg = stg_full + 16;\n  constexpr int EPI = 96;\n";
     s += "  const int wg = threadIdx.x / 128, lane = threadIdx.x % 32;\n";
     s += "  const int KT = (int)((K + BK - 1) / BK);\n";
-    if (persistent) s += "  const int64_t kiln_tiles = ((Mr + BM - 1) / BM) * ((N + BN - 1) / BN);\n";
+    if (persistent && cl == 1) s += "  const int64_t kiln_tiles = ((Mr + BM - 1) / BM) * ((N + BN - 1) / BN);\n";
+    // Clustered: the clusters' tiles (CL tiles tall) and this block's rank in its cluster.
+    if (cl > 1)
+      s += "  constexpr int CL = " + S(cl) + ";\n  const int64_t kiln_tiles = ((Mr + BM * CL - 1) / (BM * CL)) * ((N + BN - 1) / BN);\n" +
+           "  const uint32_t kiln_crank = kiln_cluster_rank();\n";
     if (sk) s += "  float* const sk_ws = (float*)args.ws[0];\n  unsigned* const sk_flags = (unsigned*)args.ws[1];\n";
     // The batch coordinate of each operand's map (0 where its batch is broadcast: the map has one).
     s += "  const int za = nd == 3 && sa[0] != 0 ? (int)blockIdx.z : 0, zb = nd == 3 && sb[0] != 0 ? (int)blockIdx.z : 0;\n";
     s += "  if (threadIdx.x == 0) {\n";
-    s += "    for (int s = 0; s < STAGES; ++s) { kiln_mbar_init(full0 + 8 * s, 1); kiln_mbar_init(empty0 + 8 * s, CONSUMERS * 4); }\n";
+    // Clustered: a stage is free once every consumer warp of the cluster is done with it (B's
+    // shares went into every block's copy of it).
+    s += "    for (int s = 0; s < STAGES; ++s) { kiln_mbar_init(full0 + 8 * s, 1); kiln_mbar_init(empty0 + 8 * s, CONSUMERS * 4" +
+         (cl > 1 ? " * CL" : std::string()) + "); }\n";
     if (split) s += "    kiln_mbar_init(stg_full, CONSUMERS * 128); kiln_mbar_init(stg_empty, EPI);\n";
-    s += "    kiln_mbar_init_fence();\n  }\n  __syncthreads();\n";
+    // Clustered: no copy lands in a block before its barriers are initialised.
+    s += std::string("    kiln_mbar_init_fence();\n  }\n  ") + (cl > 1 ? "kiln_cluster_sync();\n" : "__syncthreads();\n");
     // Steps are counted over the block's tiles (g): step g uses stage g % STAGES, for the
     // (g / STAGES)-th time, so each barrier's phase parity follows from g alone.
     // Persistent: the block's tiles blockIdx.x, + gridDim.x, ...; stream-K: its units
     // (KilnWalk), `whole_only` skipping the ends of tiles that other blocks store; else its one tile.
     auto tiles_open = [&](const std::string& ind, bool whole_only = false) {
       if (!persistent) return std::string();
-      std::string t = !sk ? ind + "for (int64_t tile = blockIdx.x; tile < kiln_tiles; tile += gridDim.x) {\n"
+      std::string t = cl > 1 ? ind + "for (int64_t tile = blockIdx.x / CL; tile < kiln_tiles; tile += gridDim.x / CL) {\n"
+                      : !sk  ? ind + "for (int64_t tile = blockIdx.x; tile < kiln_tiles; tile += gridDim.x) {\n"
                           : ind + "KilnWalk walk(kiln_tiles, KT, gridDim.x, blockIdx.x, gridDim.z, true);\n" + ind + "int kb, ke;\n" +
                                 ind + "for (int64_t tile; walk.step(tile, kb, ke);) {\n" + (whole_only ? ind + "  if (kb > 0) continue;\n" : "");
-      return t + ind + "  int64_t m0, n0;\n" + GemmWriter::tile_origin("tile", ind + "  ", c_.group);
+      return t + ind + "  int64_t m0, n0;\n" + GemmWriter::tile_origin("tile", ind + "  ", c_.group, cl);
     };
     auto tiles_close = [&](const std::string& ind) { return persistent ? ind + "}\n" : std::string(); };
     // Registers: the producer gives its own up (setmaxnreg) for the consumers' accumulators and
@@ -102,10 +119,19 @@ class WgmmaWriter {
     s += "        if (g >= STAGES) kiln_mbar_wait(empty0 + 8 * s, (g / STAGES - 1) & 1);\n";
     s += "        const uint32_t full = full0 + 8 * s, a = sA + s * A_STAGE, b = sB + s * B_STAGE;\n";
     s += "        kiln_mbar_expect_tx(full, A_STAGE + B_STAGE);\n";
-    s += o_.a_k_major ? "        kiln_tma_load_3d(a, &tma_a, k0, (int)m0, za, full);\n"
-                      : "        for (int c = 0; c < BM / 64; ++c) kiln_tma_load_3d(a + c * 8192, &tma_a, (int)m0 + 64 * c, k0, za, full);\n";
-    s += o_.b_k_major ? "        kiln_tma_load_3d(b, &tma_b, k0, (int)n0, zb, full);\n"
-                      : "        for (int j = 0; j < BN / 64; ++j) kiln_tma_load_3d(b + j * 8192, &tma_b, (int)n0 + 64 * j, k0, zb, full);\n";
+    // Clustered: a block whose tile lies wholly past M still brings its share of B to the
+    // other, and reads A's rows from 0 (it stores nothing): no box lies wholly out of bounds.
+    const std::string am = cl > 1 ? "(int)(m0 < Mr ? m0 : 0)" : "(int)m0";
+    s += o_.a_k_major ? "        kiln_tma_load_3d(a, &tma_a, k0, " + am + ", za, full);\n"
+                      : "        for (int c = 0; c < BM / 64; ++c) kiln_tma_load_3d(a + c * 8192, &tma_a, " + am + " + 64 * c, k0, za, full);\n";
+    if (cl > 1)  // this block's share of B's tile (BN / CL columns), into every block of the cluster
+      s += o_.b_k_major ? "        kiln_tma_load_3d_multicast(b + kiln_crank * (B_STAGE / CL), &tma_b, k0, (int)n0 + kiln_crank * (BN / CL), zb, "
+                          "full, (1 << CL) - 1);\n"
+                        : "        for (int j = kiln_crank * (BN / 64 / CL); j < (kiln_crank + 1) * (BN / 64 / CL); ++j)\n"
+                          "          kiln_tma_load_3d_multicast(b + j * 8192, &tma_b, (int)n0 + 64 * j, k0, zb, full, (1 << CL) - 1);\n";
+    else
+      s += o_.b_k_major ? "        kiln_tma_load_3d(b, &tma_b, k0, (int)n0, zb, full);\n"
+                        : "        for (int j = 0; j < BN / 64; ++j) kiln_tma_load_3d(b + j * 8192, &tma_b, (int)n0 + 64 * j, k0, zb, full);\n";
     s += "      }\n" + tiles_close("      ") + "    }\n";
     if (split) s += "    else if (threadIdx.x >= 128 - EPI) {\n" + split_epilogue(tiles_open, tiles_close) + "    }\n";
     s += std::string("  } else {\n") + (split ? "" : "    kiln_regs_inc<232>();\n");
@@ -123,14 +149,14 @@ class WgmmaWriter {
     s += mma_instruction("        ");
     s += "      }\n      kiln_wgmma_commit();\n      kiln_wgmma_wait<1>();\n";
     // The previous step's MMAs have finished reading their stage: back to the producer.
-    s += "      if (kt > " + KB + " && lane == 0) kiln_mbar_arrive(empty0 + 8 * ((g - 1) % STAGES));\n    }\n";
+    s += "      if (kt > " + KB + " && lane == 0) " + release("empty0 + 8 * ((g - 1) % STAGES)") + "\n    }\n";
     // Once all MMAs are done the last step's stage goes back too: the producer is already
     // loading the next tile while this one is stored.
     // Stream-K: a tile this block begins and the next one ends takes that block's sums in.
     const std::string sk_args = ", threadIdx.x - 128, CONSUMERS * 128, CONSUMERS + 1);\n";
     const std::string done =
         "kiln_wgmma_wait<0>();\n" +
-        (persistent ? "      if (" + KE + " > " + KB + " && lane == 0) kiln_mbar_arrive(empty0 + 8 * ((g - 1) % STAGES));\n" : "") +
+        (persistent ? "      if (" + KE + " > " + KB + " && lane == 0) " + release("empty0 + 8 * ((g - 1) % STAGES)") + "\n" : "") +
         (sk ? "      if (ke < KT) kiln_sk_take(d, sk_ws + (blockIdx.x + 1) * (size_t)(BM * BN), sk_flags + blockIdx.x + 1" + sk_args : "");
     // Stream-K: the end of a tile that the previous block begins leaves its sums to it.
     if (sk)
@@ -159,10 +185,19 @@ class WgmmaWriter {
       s += "    const bool interior = m0 + BM <= Mr && n0 + BN <= N;\n";
       s += "    if (interior) {\n" + staged_stores(done) + "    } else {\n      " + done + stores(true) + "    }\n";
     }
-    return s + tiles_close("    ") + "  }\n";
+    s += tiles_close("    ") + "  }\n";
+    // Clustered: no block leaves while another may still arrive on its barriers or copy into it.
+    return cl > 1 ? s + "  kiln_cluster_sync();\n" : s;
   }
 
  private:
+  // A consumer warp gives a stage back: to its block's producer, and in a cluster to every
+  // block's (each brought a share of the stage into every block).
+  std::string release(const std::string& bar) const {
+    if (!c_.persistent || c_.stream_k || c_.cluster == 1) return "kiln_mbar_arrive(" + bar + ");";
+    return "{ const uint32_t e = " + bar + "; for (uint32_t r = 0; r < CL; ++r) kiln_mbar_arrive_cluster(e, r); }";
+  }
+
   // wgmma.mma_async m64n<BN>k16, f32 += A * B, both operands by descriptor; imm-trans
   // is 1 for an M-major A or an N-major B.
   std::string mma_instruction(const std::string& ind) const {

@@ -115,7 +115,10 @@ class GpuKernelWriter {
     // rows; GEMM tiles ask for none: their registers are the tile).
     bool mm = k_.kind == sched::KernelKind::matmul;
     int threads = mm ? v_.gemm.threads() : v_.threads;
-    s += "extern \"C\" __global__ void KILN_LAUNCH_BOUNDS(" + std::to_string(threads) + ", " +
+    // A GEMM in clusters of blocks names its cluster here: a plain launch then makes them.
+    const bool clustered = mm && v_.gemm.kind == GemmKind::wgmma && v_.gemm.cluster > 1;
+    s += "extern \"C\" __global__ void " + (clustered ? "__cluster_dims__(" + std::to_string(v_.gemm.cluster) + ", 1, 1) " : std::string()) +
+         "KILN_LAUNCH_BOUNDS(" + std::to_string(threads) + ", " +
          std::to_string(mm ? 1 : std::max(1, v_.resident / threads)) + ") " + name_ + "(const " + name_ + "_args args" +
          (mm && v_.gemm.kind == GemmKind::wgmma
               ? ", const __grid_constant__ KilnTensorMap tma_a, const __grid_constant__ KilnTensorMap tma_b"

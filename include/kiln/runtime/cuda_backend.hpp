@@ -59,7 +59,8 @@ struct CudaDeviceApi : GpuDeviceApi<DeviceKind::cuda, codegen::GpuDialect::cuda>
                     cu::detail::driver_error_text(api, r));
     };
     encode(out.a, 0, v.gemm_ops.a_k_major, m, unsigned(v.gemm.bm));
-    encode(out.b, 1, v.gemm_ops.b_k_major, n, unsigned(v.gemm.bn));
+    // A cluster's blocks each bring their share of B's tile (codegen/gemm_sm90.hpp).
+    encode(out.b, 1, v.gemm_ops.b_k_major, n, unsigned(v.gemm.bn / v.gemm.cluster));
   }
 
   // NVRTC side by side, a thread per core (the tuner's candidates: codegen is serial, ptxas is not).

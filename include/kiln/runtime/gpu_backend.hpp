@@ -436,8 +436,9 @@ inline GpuLaunch gpu_launch_shape(const sched::Kernel& k, const KernelArgs& a, c
     int64_t m = a.size(nd - 2), n = a.size(nd - 1);
     const codegen::GemmConfig& c = v.gemm;
     L.block = {unsigned(c.threads()), 1, 1};
-    int64_t tiles = ((m + c.bm - 1) / c.bm) * ((n + c.bn - 1) / c.bn);
-    L.grid = {unsigned(c.persistent ? std::min<int64_t>(tiles, sm_count) : tiles), 1, unsigned(batch)};
+    // Clusters (persistent): whole clusters, each on a tile `cluster` tiles tall.
+    const int64_t cl = c.cluster, tiles = ((m + c.bm * cl - 1) / (c.bm * cl)) * ((n + c.bn - 1) / c.bn);
+    L.grid = {unsigned(c.persistent ? cl * std::min<int64_t>(tiles, std::max<int64_t>(sm_count / cl, 1)) : tiles), 1, unsigned(batch)};
     L.shared_bytes = unsigned(codegen::gemm_shared_bytes(c, v.gemm_ops));
     return L;
   }
@@ -531,9 +532,9 @@ inline Hash128 variant_key(const std::vector<codegen::GpuVariant>& vars) {
   for (const codegen::GpuVariant& v : vars) {
     if (!v.strides.empty()) vh.add(v.strides.data(), v.strides.size());
     const codegen::GemmConfig& gc = v.gemm;
-    int32_t w[27] = {v.vec, v.group, v.persist, v.split, v.threads, int(gc.kind), gc.bm, gc.bn, gc.bk, gc.wm, gc.wn, gc.stages,
+    int32_t w[28] = {v.vec, v.group, v.persist, v.split, v.threads, int(gc.kind), gc.bm, gc.bn, gc.bk, gc.wm, gc.wn, gc.stages,
                      gc.persistent, gc.split_epilogue, v.gemm_ops.a_k_major, v.gemm_ops.b_k_major, v.cols, v.epilogue_vec, v.vec_rows,
-                     v.resident, v.stream, v.exact, int32_t(v.whole), v.rank, v.outer_rank, gc.group, gc.stream_k};
+                     v.resident, v.stream, v.exact, int32_t(v.whole), v.rank, v.outer_rank, gc.group, gc.stream_k, gc.cluster};
     vh.add(w, sizeof w);
   }
   return vh.digest();
