@@ -169,6 +169,13 @@ static void precompile_candidates(const Tensor<DT, 2>& a, const Tensor<DT, 2>& b
   for (auto& t : threads) t.join();
 }
 
+// The heuristic's config for q with `tweak` applied, where the result fits q (else as it was).
+static codegen::GemmConfig tweaked_heuristic(const codegen::GemmProblem& q, const std::function<void(codegen::GemmConfig&)>& tweak) {
+  codegen::GemmConfig c = codegen::gemm_heuristic(q), t = c;
+  tweak(t);
+  return codegen::gemm_fits(t, q) ? t : c;
+}
+
 static void gemm_benches() {
   auto rnd = [](int64_t r, int64_t c, uint64_t seed) { return Tensor<bf16, 2>(cast<bf16>(randn<f32>(Shape<2>{r, c}, seed))); };
   {
@@ -201,10 +208,9 @@ static void gemm_benches() {
       auto forced = [&](const std::string& n, const Tensor<bf16, 2>& p, const Tensor<bf16, 2>& q, bool tweaked) {
         std::string config;
         codegen::gemm_chooser() = [&config, &tweak, tweaked](const codegen::GemmProblem& pr) {
-          codegen::GemmConfig c = codegen::gemm_heuristic(pr), t = c;
-          if (tweaked) tweak(t);
-          config = (codegen::gemm_fits(t, pr) ? t : c).str();
-          return std::optional(codegen::gemm_fits(t, pr) ? t : c);
+          codegen::GemmConfig c = tweaked ? tweaked_heuristic(pr, tweak) : codegen::gemm_heuristic(pr);
+          config = c.str();
+          return std::optional(c);
         };
         Tensor<bf16, 2> warm = matmul(p, q);  // through the chooser: fills `config` for the row's label
         bench_gemm(n + " (" + (tweaked ? on : off) + ")", p, q, config);
@@ -307,9 +313,7 @@ static std::string w4_step_bench() {
     for (int r = 0; r < 3; ++r)
       for (size_t i = 0; i < labels.size(); ++i) {
         codegen::gemm_chooser() = [&tweak, i](const codegen::GemmProblem& q) {
-          codegen::GemmConfig c = codegen::gemm_heuristic(q), t = c;
-          tweak(t, i);
-          return std::optional(codegen::gemm_fits(t, q) ? t : c);
+          return std::optional(tweaked_heuristic(q, [&](codegen::GemmConfig& c) { tweak(c, i); }));
         };
         double loop = loop_ms([&] { auto o = run(Mode::fused, st); }, 100), flushed = time_ms([&] { auto o = run(Mode::fused, st); }, 10);
         std::printf("W4 fused, round %d, GEMMs %-28s back to back %8.3f ms, flushed %8.3f ms\n", r, labels[i].c_str(), loop, flushed);

@@ -67,7 +67,7 @@ class WgmmaWriter {
   std::string body(const std::string& prelude = "") const {
     auto S = [](int v) { return std::to_string(v); };
     const bool persistent = c_.persistent, split = c_.persistent && c_.split_epilogue, sk = c_.persistent && c_.stream_k;
-    const int cl = cluster();
+    const int cl = c_.cluster;  // blocks of a cluster, sharing B's tile (gemm_fits: persistent, not stream-K)
     // A unit's K steps: the whole tile's, or a stream-K run's part of it.
     const std::string KB = sk ? "kb" : "0", KE = sk ? "ke" : "KT";
     std::string s = w_.head(prelude);
@@ -191,13 +191,10 @@ class WgmmaWriter {
   }
 
  private:
-  // Blocks of a cluster, sharing B's tile (1: none).
-  int cluster() const { return c_.persistent && !c_.stream_k ? c_.cluster : 1; }
-
   // A consumer warp gives a stage back: to its block's producer, and in a cluster to every
   // block's (each brought a share of the stage into every block).
   std::string release(const std::string& bar) const {
-    if (cluster() == 1) return "kiln_mbar_arrive(" + bar + ");";
+    if (c_.cluster == 1) return "kiln_mbar_arrive(" + bar + ");";
     return "{ const uint32_t e = " + bar + "; for (uint32_t r = 0; r < CL; ++r) kiln_mbar_arrive_cluster(e, r); }";
   }
 
