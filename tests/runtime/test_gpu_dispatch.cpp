@@ -285,4 +285,21 @@ TEST_CASE("GPU dispatch: max-autotune times each GEMM candidate twice, each run 
   int t1 = FakeGpuApi::timed;
   backend.run(g, *cp, b);  // a database hit: nothing timed
   CHECK(FakeGpuApi::timed == t1);
+
+  SUBCASE("a vendor library that would take the matmul but is missing: keyed and timed without it") {
+    FakeGpuApi::library_fits = true;
+    auto w2 = host<bf16>(rng, Shape<2>{64, 192});  // a new shape class: a new key
+    ir::Graph g2 = ir::trace(matmul(a, w2));
+    auto cp2 = runtime::plan_for(g2, Mode::max_autotune);
+    runtime::Bound b2 = runtime::bind_buffers(g2, cp2->plan);
+    runtime::GpuCall call2 = runtime::gpu_call(g2, *cp2, b2, p.warp_size, p.cc_major * 10 + p.cc_minor, p.sm_count);
+    codegen::GemmProblem problem2 = runtime::gemm_problem(g2, cp2->plan.kernels[0], call2.args[0], p.cc_major * 10 + p.cc_minor, p.sm_count);
+    int prefetched = FakeGpuApi::prefetches, t2 = FakeGpuApi::timed;
+    backend.run(g2, *cp2, b2);
+    FakeGpuApi::library_fits = false;
+    CHECK(FakeGpuApi::prefetches - prefetched == 1);
+    CHECK(FakeGpuApi::timed - t2 == int(2 * 7 * codegen::gemm_tuning_candidates(problem2).size()));  // kiln's candidates alone
+    CHECK(tune::db().find(runtime::matmul_tune_key(g2, cp2->plan.kernels[0], cp2->layouts[0], problem2, "", "sm_80")));
+    CHECK_FALSE(tune::db().find(runtime::matmul_tune_key(g2, cp2->plan.kernels[0], cp2->layouts[0], problem2, "fake-library", "sm_80")));
+  }
 }

@@ -93,9 +93,15 @@ struct FakeGpuApi : runtime::GpuDeviceApi<DeviceKind::cpu, codegen::GpuDialect::
     return "sm_" + std::to_string(dev.props.cc_major * 10 + dev.props.cc_minor);
   }
   static constexpr const char* kLibraryGemm = "fake-library";
-  static bool library_gemm_applies(const ir::Graph&, const sched::Kernel&, const codegen::Layout&, const runtime::KernelArgs&) {
-    return false;
+  // A vendor library that would take every matmul (library_fits) but is not installed: the
+  // tuner keys a kernel as the library's until the (prefetched) load says it is missing.
+  static inline bool library_fits = false;
+  static inline std::atomic<int> prefetches{0};
+  static bool library_gemm_fits(const ir::Graph&, const sched::Kernel&, const codegen::Layout&, const runtime::KernelArgs&) {
+    return library_fits;
   }
+  static void library_prefetch() { ++prefetches; }
+  static bool library_available() { return false; }
   static bool library_gemm(const ir::Graph&, const sched::Kernel&, const codegen::Layout&, const runtime::KernelArgs&,
                            FakeGpuDevice&) {
     return false;
