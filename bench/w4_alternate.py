@@ -1,0 +1,57 @@
+#!/usr/bin/env python3
+# kiln — header-only C++20 tensor compiler.
+# SPDX-License-Identifier: Apache-2.0
+"""The W4 training step, kiln against torch.compile, from processes run alternately
+(scripts/gpu-check's part w4-ab: kiln, torch, kiln, torch, ...). The step is bound by
+the GPU's power limit and its time drifts as the GPU warms, so a comparison from one
+kiln run followed by one torch run favours whichever ran on the cooler GPU; here each
+side's figures come from every round, and every pair is printed.
+
+usage: w4_alternate.py kiln-1.jsonl torch-1/results.jsonl [kiln-2.jsonl torch-2/results.jsonl ...]
+"""
+import json
+import statistics
+import sys
+
+
+def first(path, pred):
+    try:
+        with open(path) as f:
+            return next((r for r in map(json.loads, filter(str.strip, f)) if pred(r)), None)
+    except OSError:
+        return None
+
+
+def main():
+    paths = sys.argv[1:]
+    if not paths or len(paths) % 2:
+        sys.exit(__doc__)
+    print("| round | kiln fused ms (median of 3 rounds) | kiln smallest round | kiln back to back | torch.compile ms (smaller of 2 medians) "
+          "| torch.compile back to back | ratio | ratio, back to back |")
+    print("|---|--:|--:|--:|--:|--:|--:|--:|")
+    kiln_all, torch_all, kiln_loop, torch_loop = [], [], [], []
+    for i in range(0, len(paths), 2):
+        k = first(paths[i], lambda r: r.get("type") == "kiln" and r.get("name") == "W4 MLP step bf16")
+        t = first(paths[i + 1], lambda r: r.get("type") == "workload" and r.get("workload") == "W4")
+        tc = (t or {}).get("modes", {}).get("default", {})
+        if k is None or "ms" not in tc:
+            print(f"| {i // 2 + 1} | {'-' if k is None else k['fused_ms']} | | | {tc.get('skipped', tc.get('error', '-'))} | | | |")
+            continue
+        kiln_all.append(k["fused_ms"]), torch_all.append(tc["ms"])
+        kl, tl = k.get("fused_loop_ms"), tc.get("loop_ms")
+        if kl and tl:
+            kiln_loop.append(kl), torch_loop.append(tl)
+        loop_ratio = f"{tl / kl:.3f}x" if kl and tl else "-"
+        print(f"| {i // 2 + 1} | {k['fused_ms']:.3f} | {k.get('fused_min_ms', float('nan')):.3f} | {kl or float('nan'):.3f} | "
+              f"{tc['ms']:.3f} | {tl or float('nan'):.3f} | {tc['ms'] / k['fused_ms']:.3f}x | {loop_ratio} |")
+    if kiln_all:
+        km, tm = statistics.median(kiln_all), statistics.median(torch_all)
+        line = f"W4 alternated, medians over {len(kiln_all)} pairs: kiln {km:.3f} ms, torch.compile {tm:.3f} ms: {tm / km:.3f}x"
+        if kiln_loop:
+            kl, tl = statistics.median(kiln_loop), statistics.median(torch_loop)
+            line += f"; back to back kiln {kl:.3f} ms, torch.compile {tl:.3f} ms: {tl / kl:.3f}x"
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
