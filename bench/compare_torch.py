@@ -60,7 +60,9 @@ def main():
                              f"torch.compile {tc:.3f} ms: {tc / r['fused_min_ms']:.2f}x; median of kiln's rounds {f:.3f} ms: {tc / f:.2f}x"
                              + (f"; back to back (no L2 flush): kiln {r['fused_loop_ms']:.3f} ms, torch.compile "
                                 f"{t['default']['loop_ms']:.3f} ms: {t['default']['loop_ms'] / r['fused_loop_ms']:.2f}x"
-                                if "loop_ms" in t.get("default", {}) and "fused_loop_ms" in r else ""))
+                                if "loop_ms" in t.get("default", {}) and "fused_loop_ms" in r else "")
+                             + (f"; timed as torch_anchor.py times (gpu_bench's anchor_ms): kiln {r['fused_anchor_ms']:.3f} ms: "
+                                f"{tc / r['fused_anchor_ms']:.2f}x" if "fused_anchor_ms" in r else ""))
         else:
             f, e = r["fused_ms"], r["eager_ms"]
             g = r["bytes"] / f / 1e6

@@ -26,27 +26,33 @@ def main():
     paths = sys.argv[1:]
     if not paths or len(paths) % 2:
         sys.exit(__doc__)
-    print("| round | kiln fused ms (median of 3 rounds) | kiln smallest round | kiln back to back | torch.compile ms (smaller of 2 medians) "
-          "| torch.compile back to back | ratio | ratio, back to back |")
-    print("|---|--:|--:|--:|--:|--:|--:|--:|")
-    kiln_all, torch_all, kiln_loop, torch_loop = [], [], [], []
+    print("| round | kiln fused ms (median of 3 rounds) | kiln smallest round | kiln as torch_anchor times | kiln back to back "
+          "| torch.compile ms (smaller of 2 medians) | torch.compile back to back | ratio | ratio, same timing | ratio, back to back |")
+    print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+    kiln_all, torch_all, kiln_loop, torch_loop, kiln_same, torch_same = [], [], [], [], [], []
     for i in range(0, len(paths), 2):
         k = first(paths[i], lambda r: r.get("type") == "kiln" and r.get("name") == "W4 MLP step bf16")
         t = first(paths[i + 1], lambda r: r.get("type") == "workload" and r.get("workload") == "W4")
         tc = (t or {}).get("modes", {}).get("default", {})
         if k is None or "ms" not in tc:
-            print(f"| {i // 2 + 1} | {'-' if k is None else k['fused_ms']} | | | {tc.get('skipped', tc.get('error', '-'))} | | | |")
+            print(f"| {i // 2 + 1} | {'-' if k is None else k['fused_ms']} | | | | {tc.get('skipped', tc.get('error', '-'))} | | | | |")
             continue
         kiln_all.append(k["fused_ms"]), torch_all.append(tc["ms"])
-        kl, tl = k.get("fused_loop_ms"), tc.get("loop_ms")
+        kl, tl, ka = k.get("fused_loop_ms"), tc.get("loop_ms"), k.get("fused_anchor_ms")
         if kl and tl:
             kiln_loop.append(kl), torch_loop.append(tl)
-        loop_ratio = f"{tl / kl:.3f}x" if kl and tl else "-"
-        print(f"| {i // 2 + 1} | {k['fused_ms']:.3f} | {k.get('fused_min_ms', float('nan')):.3f} | {kl or float('nan'):.3f} | "
-              f"{tc['ms']:.3f} | {tl or float('nan'):.3f} | {tc['ms'] / k['fused_ms']:.3f}x | {loop_ratio} |")
+        if ka:
+            kiln_same.append(ka), torch_same.append(tc["ms"])
+        num = lambda x: f"{x:.3f}" if x else "-"
+        ratio = lambda a, b: f"{a / b:.3f}x" if a and b else "-"
+        print(f"| {i // 2 + 1} | {k['fused_ms']:.3f} | {num(k.get('fused_min_ms'))} | {num(ka)} | {num(kl)} | "
+              f"{tc['ms']:.3f} | {num(tl)} | {ratio(tc['ms'], k['fused_ms'])} | {ratio(tc['ms'], ka)} | {ratio(tl, kl)} |")
     if kiln_all:
         km, tm = statistics.median(kiln_all), statistics.median(torch_all)
         line = f"W4 alternated, medians over {len(kiln_all)} pairs: kiln {km:.3f} ms, torch.compile {tm:.3f} ms: {tm / km:.3f}x"
+        if kiln_same:
+            ka, ta = statistics.median(kiln_same), statistics.median(torch_same)
+            line += f"; both timed as torch_anchor.py times: kiln {ka:.3f} ms, torch.compile {ta:.3f} ms: {ta / ka:.3f}x"
         if kiln_loop:
             kl, tl = statistics.median(kiln_loop), statistics.median(torch_loop)
             line += f"; back to back kiln {kl:.3f} ms, torch.compile {tl:.3f} ms: {tl / kl:.3f}x"
