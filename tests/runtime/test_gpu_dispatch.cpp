@@ -8,6 +8,7 @@
 // gpu_arg_block, the generator) gives for that call's own buffers, while a changed
 // alignment, stride, shape, device, block-size override or GEMM chooser picks its own
 // variant, and a repeat call loads nothing.
+#include <set>
 #include <thread>
 
 #include "../support/fake_gpu.hpp"
@@ -270,8 +271,13 @@ TEST_CASE("GPU dispatch: max-autotune times each GEMM candidate twice, each run 
   int f0 = FakeGpuApi::flushes, t0 = FakeGpuApi::timed;
   size_t l0 = dev.launches;
   Counters c0 = counters();
+  FakeGpuApi::compiled_ahead.clear();
   backend.run(g, *cp, b);
   CHECK(counters().tunings - c0.tunings == 1);
+  // Every candidate's program compiled first, side by side, once: the plan's own (the
+  // heuristic's config) is one of them.
+  CHECK(FakeGpuApi::compiled_ahead.size() == candidates);
+  CHECK(std::set<std::string>(FakeGpuApi::compiled_ahead.begin(), FakeGpuApi::compiled_ahead.end()).size() == candidates);
   // Per candidate: twice (in order, in reverse), a warm-up then seven runs, each flushed and timed alone.
   CHECK(FakeGpuApi::timed - t0 == int(2 * 7 * candidates));
   CHECK(FakeGpuApi::flushes - f0 == FakeGpuApi::timed - t0);
@@ -283,23 +289,26 @@ TEST_CASE("GPU dispatch: max-autotune times each GEMM candidate twice, each run 
   REQUIRE(stored);
   CHECK(stored->choice == runnable.front().str());
   int t1 = FakeGpuApi::timed;
-  backend.run(g, *cp, b);  // a database hit: nothing timed
+  FakeGpuApi::compiled_ahead.clear();
+  backend.run(g, *cp, b);  // a database hit: nothing timed or compiled ahead
   CHECK(FakeGpuApi::timed == t1);
+  CHECK(FakeGpuApi::compiled_ahead.empty());
 
-  SUBCASE("a vendor library that would take the matmul but is missing: keyed and timed without it") {
-    FakeGpuApi::library_fits = true;
-    auto w2 = host<bf16>(rng, Shape<2>{64, 192});  // a new shape class: a new key
-    ir::Graph g2 = ir::trace(matmul(a, w2));
-    auto cp2 = runtime::plan_for(g2, Mode::max_autotune);
-    runtime::Bound b2 = runtime::bind_buffers(g2, cp2->plan);
-    runtime::GpuCall call2 = runtime::gpu_call(g2, *cp2, b2, p.warp_size, p.cc_major * 10 + p.cc_minor, p.sm_count);
-    codegen::GemmProblem problem2 = runtime::gemm_problem(g2, cp2->plan.kernels[0], call2.args[0], p.cc_major * 10 + p.cc_minor, p.sm_count);
-    int prefetched = FakeGpuApi::prefetches, t2 = FakeGpuApi::timed;
-    backend.run(g2, *cp2, b2);
-    FakeGpuApi::library_fits = false;
-    CHECK(FakeGpuApi::prefetches - prefetched == 1);
-    CHECK(FakeGpuApi::timed - t2 == int(2 * 7 * codegen::gemm_tuning_candidates(problem2).size()));  // kiln's candidates alone
-    CHECK(tune::db().find(runtime::matmul_tune_key(g2, cp2->plan.kernels[0], cp2->layouts[0], problem2, "", "sm_80")));
-    CHECK_FALSE(tune::db().find(runtime::matmul_tune_key(g2, cp2->plan.kernels[0], cp2->layouts[0], problem2, "fake-library", "sm_80")));
-  }
+  // A plan with a kernel besides the matmul: that kernel's program compiles with the candidates.
+  auto w2 = host<bf16>(rng, Shape<2>{64, 512});  // another shape class: tuned afresh
+  ir::Graph g2 = ir::trace(sum(matmul(a, w2), -1));
+  auto cp2 = runtime::plan_for(g2, Mode::max_autotune);
+  REQUIRE(cp2->plan.kernels.size() == 2);
+  runtime::Bound b2 = runtime::bind_buffers(g2, cp2->plan);
+  runtime::GpuCall call2 = runtime::gpu_call(g2, *cp2, b2, p.warp_size, p.cc_major * 10 + p.cc_minor, p.sm_count);
+  size_t mm = cp2->plan.kernels[0].kind == sched::KernelKind::matmul ? 0 : 1;
+  codegen::GemmProblem problem2 = runtime::gemm_problem(g2, cp2->plan.kernels[mm], call2.args[mm], p.cc_major * 10 + p.cc_minor, p.sm_count);
+  FakeGpuApi::compiled_ahead.clear();
+  backend.run(g2, *cp2, b2);
+  const auto& ahead = FakeGpuApi::compiled_ahead;
+  CHECK(ahead.size() == codegen::gemm_tuning_candidates(problem2).size() + 1);
+  CHECK(std::set<std::string>(ahead.begin(), ahead.end()).size() == ahead.size());
+  for (const auto& part : codegen::gpu_programs(codegen::GpuDialect::cuda, 32, g2, cp2->plan, call2.vars))
+    if (cp2->plan.kernels[part.kernels[0]].kind != sched::KernelKind::matmul)
+      CHECK(std::find(ahead.begin(), ahead.end(), part.source) != ahead.end());
 }

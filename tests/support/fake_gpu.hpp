@@ -93,18 +93,17 @@ struct FakeGpuApi : runtime::GpuDeviceApi<DeviceKind::cpu, codegen::GpuDialect::
     return "sm_" + std::to_string(dev.props.cc_major * 10 + dev.props.cc_minor);
   }
   static constexpr const char* kLibraryGemm = "fake-library";
-  // A vendor library that would take every matmul (library_fits) but is not installed: the
-  // tuner keys a kernel as the library's until the (prefetched) load says it is missing.
-  static inline bool library_fits = false;
-  static inline std::atomic<int> prefetches{0};
-  static bool library_gemm_fits(const ir::Graph&, const sched::Kernel&, const codegen::Layout&, const runtime::KernelArgs&) {
-    return library_fits;
+  static bool library_gemm_applies(const ir::Graph&, const sched::Kernel&, const codegen::Layout&, const runtime::KernelArgs&) {
+    return false;
   }
-  static void library_prefetch() { ++prefetches; }
-  static bool library_available() { return false; }
   static bool library_gemm(const ir::Graph&, const sched::Kernel&, const codegen::Layout&, const runtime::KernelArgs&,
                            FakeGpuDevice&) {
     return false;
+  }
+  // max-autotune's compiles ahead of the timing: every program it was given, in order.
+  static inline std::vector<std::string> compiled_ahead;
+  static void compile_ahead(const std::vector<std::pair<std::string, std::vector<std::string>>>& programs, FakeGpuDevice&) {
+    for (const auto& p : programs) compiled_ahead.push_back(p.first);
   }
   // max-autotune's timing: every cache flush and every timed run (each takes 1 ms).
   static inline std::atomic<int> flushes{0}, timed{0};

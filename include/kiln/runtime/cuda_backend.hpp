@@ -84,13 +84,9 @@ struct CudaDeviceApi : GpuDeviceApi<DeviceKind::cuda, codegen::GpuDialect::cuda>
 
   // cuBLASLt, one more max-autotune candidate where it computes a matmul kernel exactly.
   static constexpr const char* kLibraryGemm = "cublaslt";
-  // Whether cuBLASLt computes exactly this matmul kernel, were it loaded; the load starts
-  // (library_prefetch) and is waited for (library_available) apart.
-  static bool library_gemm_fits(const ir::Graph& g, const sched::Kernel& k, const codegen::Layout& l, const KernelArgs& a) {
-    return cublaslt::gemm_for(g, k, l, a).has_value();
+  static bool library_gemm_applies(const ir::Graph& g, const sched::Kernel& k, const codegen::Layout& l, const KernelArgs& a) {
+    return cublaslt::available() && cublaslt::gemm_for(g, k, l, a).has_value();
   }
-  static void library_prefetch() { cublaslt::prefetch(); }
-  static bool library_available() { return cublaslt::available(); }
   static bool library_gemm(const ir::Graph& g, const sched::Kernel& k, const codegen::Layout& l, const KernelArgs& a,
                            cu::CudaDevice& dev) {
     auto r = cublaslt::gemm_for(g, k, l, a);

@@ -758,26 +758,20 @@ class GpuBackend final : public Backend {
     // builds for that config, codegen::gpu_programs) and tuning key, once.
     struct Tuned {
       size_t k;
-      codegen::GemmProblem problem;
       std::vector<codegen::GemmConfig> configs;
       bool library;
       tune::Key key;
       std::vector<codegen::GpuVariant> vars;
       std::vector<codegen::GpuProgramPart> programs;
     };
-    // The vendor library loads (seconds where the disk is cold) while the candidates compile:
-    // until then a kernel it could take is keyed as one it takes.
-    Api::library_prefetch();
-    auto key_of = [&](const Tuned& t) {
-      return matmul_tune_key(g, kernels[t.k], cp.layouts[t.k], t.problem, t.library ? Api::kLibraryGemm : "", Api::arch_name(dev));
-    };
     std::vector<Tuned> tuned;
     for (size_t k = 0; k < kernels.size(); ++k) {
       if (kernels[k].kind != sched::KernelKind::matmul || call.args[k].work == 0) continue;
       codegen::GemmProblem p = gemm_problem(g, kernels[k], call.args[k], arch, props.sm_count);
       p.heavy_epilogue = cp.layouts[k].epilogue_heavy;
-      Tuned& t = tuned.emplace_back(Tuned{k, p, codegen::gemm_tuning_candidates(p), Api::library_gemm_fits(g, kernels[k], cp.layouts[k], call.args[k])});
-      t.key = key_of(t);
+      bool library = Api::library_gemm_applies(g, kernels[k], cp.layouts[k], call.args[k]);
+      tuned.push_back({k, codegen::gemm_tuning_candidates(p), library,
+                       matmul_tune_key(g, kernels[k], cp.layouts[k], p, library ? Api::kLibraryGemm : "", Api::arch_name(dev))});
     }
     // NOTE: compiling the candidates is most of a tuning's time: every program of every
     // key the database lacks is compiled first, side by side (Api::compile_ahead).
@@ -796,19 +790,18 @@ class GpuBackend final : public Backend {
       build_programs(t);
       for (const codegen::GpuProgramPart& part : t.programs) ahead.push_back({part.source, part.options});
     }
-    // The plan's own programs (as the heuristic chose: its run below) compile alongside.
+    // The plan's own programs (as the heuristic chose: its run below) compile alongside, but
+    // for those that are a candidate's too (the heuristic's config).
     if (!ahead.empty())
       for (codegen::GpuProgramPart& part : codegen::gpu_programs(Api::dialect, props.warp_size, g, cp.plan, call.vars))
-        ahead.push_back({std::move(part.source), std::move(part.options)});
+        if (std::none_of(ahead.begin(), ahead.end(), [&](const auto& a) { return a.first == part.source && a.second == part.options; }))
+          ahead.push_back({std::move(part.source), std::move(part.options)});
     if (ahead.size() > 1) {
       const auto t0 = std::chrono::steady_clock::now();
       Api::compile_ahead(ahead, dev);
       log(LogTopic::tune, std::to_string(ahead.size()) + " programs (candidates and the plan's) compiled side by side in " +
                               std::to_string(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()) + " s");
     }
-    if (!Api::library_available())
-      for (Tuned& t : tuned)
-        if (t.library) t.library = false, t.key = key_of(t);
     // Before timing, the plan runs once as the heuristic chose (a plan writes only fresh
     // outputs), so that each GEMM is timed on the values this call gives it. NOTE: operands
     // not yet written (zeros) draw less power: on an H200, cuBLASLt timed 1351 us on them

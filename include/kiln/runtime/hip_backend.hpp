@@ -36,9 +36,7 @@ struct HipDeviceApi : GpuDeviceApi<DeviceKind::hip, codegen::GpuDialect::hip> {
   static std::string arch_name(rocm::HipDevice& dev) { return dev.properties().arch; }
   // No vendor GEMM candidate for max-autotune (yet): kiln's own kernels only.
   static constexpr const char* kLibraryGemm = "";
-  static bool library_gemm_fits(const ir::Graph&, const sched::Kernel&, const codegen::Layout&, const KernelArgs&) { return false; }
-  static void library_prefetch() {}
-  static bool library_available() { return false; }
+  static bool library_gemm_applies(const ir::Graph&, const sched::Kernel&, const codegen::Layout&, const KernelArgs&) { return false; }
   static bool library_gemm(const ir::Graph&, const sched::Kernel&, const codegen::Layout&, const KernelArgs&, rocm::HipDevice&) {
     return false;
   }
