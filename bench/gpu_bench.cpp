@@ -264,7 +264,6 @@ static void gemm_benches() {
     auto part = [](const std::string& name, const std::function<void()>& fused, const std::function<void()>& plain) {
       std::vector<double> f, p, ratio;
       for (int r = 0; r < 3; ++r) p.push_back(time_ms(plain, 20)), f.push_back(time_ms(fused, 20)), ratio.push_back(f.back() / p.back());
-      auto median = [](std::vector<double> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; };
       std::printf("W4 part %-42s %8.3f ms  (its plain GEMM %.3f ms, alternated: epilogue %+.1f%%; rounds %+.1f %+.1f %+.1f%%)\n",
                   name.c_str(), median(f), median(p), 100 * (median(ratio) - 1), 100 * (ratio[0] - 1), 100 * (ratio[1] - 1),
                   100 * (ratio[2] - 1));
