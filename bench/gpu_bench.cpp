@@ -188,7 +188,7 @@ static void precompile_candidates(const Tensor<DT, 2>& a, const Tensor<DT, 2>& b
   auto cp = runtime::plan_for(g, Mode::fused);
   runtime::Bound bound = runtime::bind_buffers(g, cp->plan);
   std::vector<std::pair<std::string, std::vector<std::string>>> programs;  // source, options
-  for (const codegen::GemmConfig& cfg : codegen::gemm_candidates(DT::id, arch)) {
+  for (const codegen::GemmConfig& cfg : codegen::gemm_candidates(DT::id, arch, allow_tf32())) {
     codegen::gemm_chooser() = [cfg](const codegen::GemmProblem&) { return std::optional(cfg); };
     runtime::GpuCall call = runtime::gpu_call(g, *cp, bound, 32, arch, sm_count);
     programs.push_back({runtime::CudaBackend::source(g, cp->plan, call.vars, 32), codegen::gpu_compile_options(call.vars)});
@@ -294,6 +294,23 @@ static void gemm_benches() {
   {  // the SIMT path: f32 (PyTorch's default fp32 matmul is not TF32)
     Tensor<f32, 2> a = randn<f32>(Shape<2>{4096, 4096}, 28), b = randn<f32>(Shape<2>{4096, 4096}, 29);
     bench_gemm("f32 4096^3", a, b, picked_config(a, b));
+    // TF32 allowed (torch.backends.cuda.matmul.allow_tf32 = True beside it): the heuristic's
+    // config, the operands row-major and B read transposed, then every TF32 candidate.
+    set_allow_tf32(true);
+    bench_gemm("f32 4096^3 TF32", a, b, picked_config(a, b));
+    Tensor<f32, 2> bt = randn<f32>(Shape<2>{4096, 4096}, 30);
+    bench_gemm("f32 4096^3 TF32 a@b.t()", a, bt.transpose(0, 1), picked_config(a, bt.transpose(0, 1)));
+    Tensor<f32, 2> a8 = randn<f32>(Shape<2>{8192, 8192}, 31), b8 = randn<f32>(Shape<2>{8192, 8192}, 32);
+    bench_gemm("f32 8192^3 TF32", a8, b8, picked_config(a8, b8));
+    const auto& props = cu::cuda_device().properties();
+    int arch = props.cc_major * 10 + props.cc_minor;
+    precompile_candidates(a, b, arch, props.sm_count);
+    for (const codegen::GemmConfig& cfg : codegen::gemm_candidates(DType::f32, arch, true)) {
+      codegen::gemm_chooser() = [cfg](const codegen::GemmProblem&) { return std::optional(cfg); };
+      bench_gemm("f32 4096^3 TF32 (forced)", a, b, cfg.str());
+    }
+    codegen::gemm_chooser() = nullptr;
+    set_allow_tf32(false);
   }
 }
 

@@ -2,7 +2,7 @@
 # kiln — header-only C++20 tensor compiler.
 # SPDX-License-Identifier: Apache-2.0
 """torch.matmul (cuBLAS) on the GEMM rows of gpu_bench (bf16 8192^3, the W4 GEMMs with
-their transposed operands read in place, f32 4096^3), timed as gpu_bench times kiln:
+their transposed operands read in place, f32 4096^3, and f32 in TF32), timed as gpu_bench times kiln:
 CUDA events, L2 flushed before each call, median of 20 after 3 warm-ups, random inputs.
 Writes JSON lines {"type": "torch_gemm", "name", "ms", "tflops"} to argv[1] (if given);
 compare_torch.py sets them beside kiln's.
@@ -48,8 +48,12 @@ def main():
     rows = [("bf16 8192^3", a, b), ("W4 x@W1 [8192,4096]x[4096,16384]", x, W1), ("W4 h@W2 [8192,16384]x[16384,4096]", h, W2),
             ("W4 dy@W2.t()", dy, W2.t()), ("W4 h.t()@dy", h.t(), dy), ("W4 dh@W1.t()", h, W1.t()), ("W4 x.t()@dh", x.t(), h),
             ("f32 4096^3", fa, fb)]
+    # TF32 allowed, as kiln's rows with kiln::set_allow_tf32(true)
+    fbt, fa8, fb8 = r(4096, 4096, torch.float32), r(8192, 8192, torch.float32), r(8192, 8192, torch.float32)
+    tf32 = [("f32 4096^3 TF32", fa, fb), ("f32 4096^3 TF32 a@b.t()", fa, fbt.t()), ("f32 8192^3 TF32", fa8, fb8)]
     out = []
-    for name, p, q in rows:
+    for name, p, q in rows + tf32:
+        torch.backends.cuda.matmul.allow_tf32 = "TF32" in name
         ms = time_ms(lambda: torch.matmul(p, q))
         tf = 2.0 * p.shape[0] * p.shape[1] * q.shape[1] / ms / 1e9
         print(f"torch GEMM {name:34s} {ms:8.3f} ms  {tf:6.1f} TFLOP/s", flush=True)

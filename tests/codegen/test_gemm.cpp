@@ -205,6 +205,50 @@ TEST_CASE("gemm config choice: tensor cores only where dtype, architecture and l
   CHECK(!codegen::gemm_chooser());
 }
 
+TEST_CASE("TF32: f32 takes the mma kind where allowed, on sm_80+, aligned operands; its configs fit the shared memory") {
+  GemmProblem tf = problem(8192, 8192, 8192, DType::f32, true, 90, true);
+  CHECK(codegen::gemm_heuristic(tf).kind == GemmKind::simt);  // not allowed: f32 arithmetic
+  tf.tf32 = true;
+  GemmConfig t = codegen::gemm_heuristic(tf);
+  CHECK(t == codegen::gemm_candidates(DType::f32, 90, true).front());
+  CHECK((t.kind == GemmKind::mma && t.bm == 128 && t.bn == 128));  // no wgmma: its TF32 reads K-major operands only
+  CHECK(codegen::gemm_heuristic(problem(64, 64, 64, DType::f32, true, 80)).kind == GemmKind::simt);
+  for (auto [arch, ok, want] : {std::tuple{80, true, GemmKind::mma}, {86, true, GemmKind::mma}, {75, true, GemmKind::simt},
+                                {90, false, GemmKind::simt}, {-0x90a, true, GemmKind::simt}, {0, true, GemmKind::simt}}) {
+    CAPTURE(arch);
+    GemmProblem q = problem(2048, 2048, 2048, DType::f32, ok, arch);
+    q.tf32 = true;
+    CHECK(codegen::gemm_heuristic(q).kind == want);
+    for (const GemmConfig& c : codegen::gemm_tuning_candidates(q)) CHECK(c.kind == want);
+  }
+  CHECK(codegen::gemm_tuning_candidates(tf).size() == 8);
+  CHECK(codegen::gemm_candidates(DType::f32, 90) == codegen::gemm_candidates(DType::f32, 0));  // SIMT unless allowed
+  CHECK(codegen::gemm_candidates(DType::bf16, 90, true) == codegen::gemm_candidates(DType::bf16, 90));
+  for (const GemmConfig& c : codegen::gemm_candidates(DType::f32, 80, true)) {
+    CAPTURE(c.str());
+    CHECK(c.kind == GemmKind::mma);
+    CHECK((c.wm % 16 == 0 && c.wn % 16 == 0 && c.bk % 8 == 0 && c.stages >= 2));
+    CHECK(c.threads() <= 1024);
+    for (bool ak : {false, true})
+      for (bool bk : {false, true}) {
+        CHECK(codegen::gemm_shared_bytes(c, {ak, bk, 4}) <= codegen::gemm_max_shared(80));  // an A100's too
+        CHECK(codegen::gemm_shared_bytes(c, {ak, bk, 4}) > codegen::gemm_shared_bytes(c, {ak, bk, 2}));
+      }
+  }
+  // A 16-bit config forced on f32 takes twice the room: where that is more than the device
+  // has, the heuristic's TF32 config instead.
+  GemmConfig wide{GemmKind::mma, 128, 256, 64, 64, 64, 3};
+  CHECK(codegen::gemm_shared_bytes(wide, {true, false, 4}) > codegen::gemm_max_shared(90));
+  GemmHook force(wide);
+  CHECK(codegen::gemm_choose(tf) == t);
+  CHECK(codegen::gemm_choose(problem(8192, 8192, 8192, DType::bf16, true, 90)) == wide);
+  // The same room decides 16-bit configs on a GPU of 99 KB (sm_86): the big tiles drop out.
+  auto sm86 = codegen::gemm_tuning_candidates(problem(8192, 8192, 8192, DType::bf16, true, 86));
+  CHECK(!sm86.empty());
+  CHECK(sm86.size() < codegen::gemm_tuning_candidates(problem(8192, 8192, 8192, DType::bf16, true, 80)).size());
+  for (const GemmConfig& c : sm86) CHECK(codegen::gemm_shared_bytes(c, {}) <= 99u * 1024);
+}
+
 TEST_CASE("the persistent GEMM's schedule: every K step of every tile once; stream-K cuts a tile at most once, between neighbours") {
   struct Unit {
     int64_t tile;
@@ -328,7 +372,7 @@ TEST_CASE("a split epilogue where it reads a matrix and computes a transcendenta
 
 TEST_SUITE("nvrtc") {
 
-TEST_CASE("every GEMM candidate config compiles for sm_80 and sm_90 (all four operand layouts, both mma dtypes)") {
+TEST_CASE("every GEMM candidate config compiles for sm_80 and sm_90 (all four operand layouts, both mma dtypes, TF32)") {
   if (!jit::nvrtc_available()) {
     MESSAGE("NVRTC not found: skipped");
     return;
@@ -339,6 +383,8 @@ TEST_CASE("every GEMM candidate config compiles for sm_80 and sm_90 (all four op
   auto f = det<f32, 2>({33, 17}, 7), fb = det<f32, 2>({17, 9}, 8);
   auto d = det<f64, 2>({33, 17}, 9), db = det<f64, 2>({9, 17}, 10).transpose(0, 1);
   auto i = det<i32, 2>({33, 17}, 11), ib = det<i32, 2>({17, 9}, 12);
+  auto ta = det<f32, 2>({64, 32}, 13), tb = det<f32, 2>({32, 64}, 14);
+  auto tat = det<f32, 2>({32, 64}, 15).transpose(0, 1), tbt = det<f32, 2>({64, 32}, 16).transpose(0, 1);
   struct Job {
     int arch;
     GemmConfig config;
@@ -357,6 +403,15 @@ TEST_CASE("every GEMM candidate config compiles for sm_80 and sm_90 (all four op
     for (const GemmConfig& c : codegen::gemm_candidates(DType::f32, arch)) {  // SIMT: every dtype it serves
       GemmHook force(c);
       jobs.push_back({arch, c, cuda_program(arch, matmul(f, fb), matmul(d, db), matmul(i, ib)).src, {}});
+    }
+    AllowTf32 tf32;  // TF32: (A K-major, B N-major) and (A M-major, B K-major) cover every fragment load
+    for (const GemmConfig& c : codegen::gemm_candidates(DType::f32, arch, true)) {
+      GemmHook force(c);
+      GpuProgram p = cuda_program(arch, matmul(ta, tb), matmul(tat, tbt));
+      CAPTURE(c.str());
+      for (const auto& v : p.matmuls()) CHECK(v.gemm == c);
+      CHECK(p.src.find("kiln_mma_tf32(") != std::string::npos);
+      jobs.push_back({arch, c, p.src, codegen::gpu_compile_options(p.vars)});
     }
   }
   // NOTE: one program per config and architecture, two compiles at a time (CI has two cores).
@@ -628,11 +683,12 @@ Input<DT, 2> k_sliced(Rng& rng, int64_t rows, int64_t k, int64_t pad) {
 template <class DT>
 void add_cases(Batch& batch, Rng& rng, std::vector<bool>& want_tc, bool few) {
   Values v{-2, 2};
+  const Tol t = DT::id == DType::f32 && allow_tf32() ? tol_tf32() : tol<DT>();
   auto add = [&](const auto& x, const auto& y, const Array& xa, const Array& ya, const std::string& what, bool tc) {
     Array scale;
     Array want = ref::matmul(xa, ya, &scale);
     int64_t k = xa.shape.back();
-    batch.check(kiln::matmul(x, y), want, tol<DT>().scaled(std::max(1.0, double(k) / 256)), what, scale);
+    batch.check(kiln::matmul(x, y), want, t.scaled(std::max(1.0, double(k) / 256)), what, scale);
     want_tc.push_back(tc);
   };
   {  // several tiles each way, K over several turns of every pipeline's stages
@@ -692,7 +748,7 @@ int run_cases(std::optional<GemmConfig> forced) {
   add_cases<DT>(batch, rng, want_tc, forced.has_value());
   GemmHook hook(forced);
   batch.run();
-  bool mma_dtype = DT::id == DType::bf16 || DT::id == DType::f16;
+  bool mma_dtype = DT::id == DType::bf16 || DT::id == DType::f16 || (DT::id == DType::f32 && allow_tf32());
   REQUIRE(hook.seen.size() == want_tc.size());
   int took = 0;
   if (cuda_sm80()) {
@@ -726,6 +782,43 @@ TEST_CASE_TEMPLATE("GPU GEMM: every candidate config, forced, against float64", 
     int took = run_cases<DT>(c);
     if (c.kind == GemmKind::wgmma) CHECK(took >= 3);  // the cases the copy engine can read
   }
+}
+
+TEST_CASE("GPU GEMM in TF32 against float64: every case, the heuristic's config and each candidate forced") {
+  if (kiln::default_device() == kiln::cpu()) return;
+  AllowTf32 tf32;
+  run_cases<f32>(std::nullopt);
+  GemmProblem any;
+  any.dtype = DType::f32, any.arch = cuda_arch(), any.tensor_ok = any.tf32 = true;
+  for (const GemmConfig& c : codegen::gemm_tuning_candidates(any)) {
+    CAPTURE(c.str());
+    CHECK(run_cases<f32>(c) >= (cuda_sm80() ? 3 : 0));
+  }
+}
+
+TEST_CASE("GPU GEMM in TF32: inputs rounded to nearest TF32 (not truncated), f32 arithmetic when not allowed") {
+  if (kiln::default_device() == kiln::cpu()) return;
+  // 1 + 3 * 2^-12 is 1 + 2^-10 in TF32 rounded to nearest, 1 truncated; 8 products of it with 1.
+  const double x = 1 + 3.0 / 4096, rounded = 1 + 1.0 / 1024;
+  auto a = Tensor<f32, 2>::from(Shape<2>{33, 8}, std::vector<double>(33 * 8, x));
+  auto na = Tensor<f32, 2>::from(Shape<2>{33, 8}, std::vector<double>(33 * 8, -x));
+  auto b = Tensor<f32, 2>::from(Shape<2>{8, 40}, std::vector<double>(8 * 40, 1.0));
+  auto expect = [](const Tensor<f32, 2>& got, double want, const char* what) {
+    Array out = read(got);
+    int64_t bad = std::count_if(out.v.begin(), out.v.end(), [&](double v) { return v != want; });
+    CHECK_MESSAGE(bad == 0, what << ": " << bad << " of " << out.numel() << " elements differ from " << fmt(want));
+  };
+  {
+    AllowTf32 tf32;
+    GemmHook hook;
+    expect(Tensor<f32, 2>(matmul(a, b)), 8 * rounded, "TF32");
+    expect(Tensor<f32, 2>(matmul(na, b)), -8 * rounded, "TF32, negative");
+    REQUIRE(hook.seen.size() == 2);
+    if (cuda_sm80())
+      for (const GemmProblem& p : std::vector(hook.seen)) CHECK(codegen::gemm_choose(p).kind == GemmKind::mma);
+  }
+  AllowTf32 off(false);
+  expect(Tensor<f32, 2>(matmul(a, b)), 8 * x, "f32");
 }
 
 TEST_CASE("GPU GEMM: the Hopper kernel over batches (both batched, one broadcast) and transposed batched operands") {

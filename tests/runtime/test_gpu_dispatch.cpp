@@ -153,7 +153,7 @@ TEST_CASE("GPU dispatch: column sums, aligned (16-byte chunks, rows split) and a
   CHECK(dispatch(backend, 0, col_sum(x)).loads == 0);
 }
 
-TEST_CASE("GPU dispatch: the block-size override, a GEMM chooser and another device are seen by a repeat call") {
+TEST_CASE("GPU dispatch: the block-size override, a GEMM chooser, TF32 and another device are seen by a repeat call") {
   KILN_TEST_RNG(rng);
   FakeGpuBackend backend;
   auto rows = host(rng, Shape<2>{600, 2048});  // many rows: a block each, not split
@@ -179,6 +179,22 @@ TEST_CASE("GPU dispatch: the block-size override, a GEMM chooser and another dev
   codegen::gemm_chooser() = nullptr;
   CHECK(simt.vars[0].gemm.kind == codegen::GemmKind::simt);
   CHECK(dispatch(backend, 0, mm(a, b)).vars[0].gemm.kind == heuristic.vars[0].gemm.kind);
+
+  // So does TF32: an f32 matmul takes the tensor cores while it is allowed, f32 arithmetic after.
+  auto fa = host(rng, Shape<2>{128, 64}), fb = host(rng, Shape<2>{64, 128});
+  auto fmm = [](const Tensor<f32, 2>& p, const Tensor<f32, 2>& q) { return matmul(p, q); };
+  Dispatch plain = dispatch(backend, 0, fmm(fa, fb));
+  CHECK(plain.vars[0].gemm.kind == codegen::GemmKind::simt);
+  {
+    AllowTf32 on;
+    Dispatch tf32 = dispatch(backend, 0, fmm(fa, fb));
+    CHECK(tf32.plan == plain.plan);
+    CHECK(tf32.loads == 1);
+    CHECK(tf32.vars[0].gemm.kind == codegen::GemmKind::mma);
+    CHECK(FakeGpuApi::device(0).modules.back().source.find("kiln_mma_tf32(") != std::string::npos);
+    CHECK(dispatch(backend, 0, fmm(fa, fb)).loads == 0);
+  }
+  CHECK(dispatch(backend, 0, fmm(fa, fb)).vars[0].gemm.kind == codegen::GemmKind::simt);
 
   // Device 1: a 64-lane warp (as an AMD wavefront) gets its own program of the same plan.
   FakeGpuApi::device(1).props.warp_size = 64;

@@ -763,6 +763,19 @@ void for_each_row(F&& f) {
   }(std::make_index_sequence<size_t(Prim::count_)>{});
 }
 
+// TF32 allowed (or not) for f32 matmuls in a scope; as before after it.
+struct AllowTf32 {
+  bool was = kiln::allow_tf32();
+  explicit AllowTf32(bool on = true) { kiln::set_allow_tf32(on); }
+  ~AllowTf32() { kiln::set_allow_tf32(was); }
+  AllowTf32(const AllowTf32&) = delete;
+  AllowTf32& operator=(const AllowTf32&) = delete;
+};
+// A TF32 matmul's bound against sum |a| |b| (the `scale` of ref::matmul): each input
+// rounded to 10 mantissa bits, to nearest, is off by 2^-11 of itself at most, a product
+// by 2^-10; f32 accumulation on top.
+inline Tol tol_tf32() { return {1e-3, 1e-6}; }
+
 // NOTE: every test that includes this header runs with kiln's allocation poison on.
 inline const bool kPoisonOn = (kiln::detail::cpu_poison() = true);
 

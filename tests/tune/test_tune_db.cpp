@@ -272,6 +272,11 @@ TEST_CASE("cuBLASLt's column-major call for a kernel, and the kernels it must no
   REQUIRE(r);
   CHECK((r->m == 45 && r->n == 37 && r->k == 19 && !r->trans_a && !r->trans_b && r->lda == 45 && r->ldb == 19 && r->ldd == 45));
   CHECK(r->bias != nullptr);
+  CHECK(!r->tf32);
+  {
+    AllowTf32 on;  // f32 as TF32 (CUBLAS_COMPUTE_32F_FAST_TF32) only while allowed
+    CHECK(cublaslt_call(kiln::matmul(x.t, w.t))->tf32);
+  }
   r = cublaslt_call(kiln::matmul(xt.t, wt.t));
   REQUIRE(r);
   CHECK((r->trans_a && r->trans_b && r->lda == 19 && r->ldb == 37 && r->bias == nullptr));
@@ -357,6 +362,41 @@ TEST_CASE("max-autotune on the GPU: each matmul tuned once, then a database hit;
   auto gelu_tuned = kiln::evaluate(Mode::max_autotune, kiln::gelu(kiln::matmul(x.t, w.t) + b.t));  // its own key: no cuBLASLt
   check_close(gelu_tuned, ref::map(want, ref::gelu), tol<bf16>().scaled(4), "max-autotune gelu(x @ w + b)", &scale);
   MESSAGE("first max-autotune call (tuning, compiles included): " << tuning_s << " s");
+}
+
+TEST_CASE("max-autotune on the GPU in TF32: an entry of its own; its pick and cuBLASLt's TF32 against float64") {
+  if (!on_cuda()) return;
+  ScratchCache cache;
+  KILN_TEST_RNG(rng);
+  Values v{-2, 2};
+  auto x = input<f32, 2>(rng, {512, 1024}, Layout::contiguous, v), w = input<f32, 2>(rng, {1024, 768}, Layout::transposed, v);
+  auto b = input<f32, 1>(rng, {768}, Layout::contiguous, v);
+  Array s;
+  Array want = ref::zip(ref::matmul(x.a, w.a, &s), b.a, [](double p, double q) { return p + q; });
+  Array scale = ref::zip(s, b.a, [](double p, double q) { return p + std::fabs(q); });
+  Counters c0 = counters();
+  {
+    AllowTf32 on;
+    auto tuned = kiln::evaluate(Mode::max_autotune, kiln::matmul(x.t, w.t) + b.t);
+    CHECK(counters().tunings - c0.tunings == 1);
+    check_close(tuned, want, tol_tf32().scaled(4), "max-autotune x @ w + b in TF32", &scale);
+    ir::Graph g = ir::trace(kiln::matmul(x.t, w.t) + b.t);
+    auto cp = runtime::plan_for(g, Mode::fused);
+    runtime::Bound bound = runtime::bind_buffers(g, cp->plan);
+    runtime::KernelArgs a = runtime::bind_kernel(g, cp->plan.kernels[0], cp->layouts[0], bound);
+    auto r = runtime::cublaslt::gemm_for(g, cp->plan.kernels[0], cp->layouts[0], a);
+    REQUIRE(r);
+    CHECK(r->tf32);
+    if (runtime::cublaslt::available()) {
+      cu::CudaDevice& dev = cu::cuda_device(0);
+      REQUIRE(runtime::cublaslt::run(*r, dev, dev.stream()));
+      check_close(runtime::output_tensor<f32, 2>(g, bound, g.outputs[0]), want, tol_tf32().scaled(4), "cuBLASLt in TF32", &scale);
+    }
+  }
+  Counters c1 = counters();
+  auto exact = kiln::evaluate(Mode::max_autotune, kiln::matmul(x.t, w.t) + b.t);  // f32 arithmetic: another entry
+  CHECK(counters().tunings - c1.tunings == 1);
+  check_close(exact, want, tol<f32>().scaled(4), "max-autotune x @ w + b in f32", &scale);
 }
 
 }  // TEST_SUITE("gpu")

@@ -17,6 +17,10 @@
 //         mma.sync m16n8k16 with f32 accumulators. Needs each operand contiguous
 //         along one of its two matrix dims and 16-byte aligned rows (the host
 //         checks; else simt). Ranges past M, N or K are zero-filled by the copies.
+//         f32 where TF32 is allowed (core/precision.hpp): the same pipeline,
+//         mma.sync m16n8k8 tf32, each fragment element rounded to TF32 (cvt.rna);
+//         K-major tiles read by ldmatrix (a 32-bit element is two b16 columns),
+//         M- and N-major ones by 32-bit loads from rows padded by 32 bytes.
 //   mfma  bf16/f16 on AMD CDNA (gfx908, gfx90a, gfx94x), HIP: codegen/gemm_mfma.hpp.
 //   simt  any dtype, any strides, CUDA and HIP: register-tiled (TM x TN outputs
 //         per thread, strided so shared-memory reads and the stores are
@@ -91,6 +95,7 @@ struct GemmConfig {
 // (W.t() of a row-major W [N, K]), N-major is row-major.
 struct GemmOperands {
   bool a_k_major = true, b_k_major = false;
+  int elem_bytes = 2;  // of A's and B's elements (the mma kind's shared-memory tiles: 2, or 4 for TF32)
   bool operator==(const GemmOperands&) const = default;
 };
 
@@ -108,9 +113,13 @@ struct GemmProblem {
   // The fused epilogue reads a matrix and computes transcendentals (Layout::epilogue_heavy):
   // worth warps of its own.
   bool heavy_epilogue = false;
+  // f32 on TF32 tensor cores is allowed (kiln::allow_tf32()).
+  bool tf32 = false;
 };
 
-inline bool gemm_has_mma(DType d, int arch) { return arch >= 80 && (d == DType::bf16 || d == DType::f16); }
+inline bool gemm_has_mma(DType d, int arch, bool tf32 = false) {
+  return arch >= 80 && (d == DType::bf16 || d == DType::f16 || (tf32 && d == DType::f32));
+}
 // wgmma exists on sm_90 alone (sm_90a code does not run on later GPUs).
 inline bool gemm_has_wgmma(DType d, int arch) { return arch == 90 && (d == DType::bf16 || d == DType::f16); }
 
@@ -133,20 +142,39 @@ inline bool gemm_has_mfma(DType d, int arch) {
   return (arch == -0x908 || arch == -0x90a || (arch <= -0x940 && arch >= -0x942)) && (d == DType::bf16 || d == DType::f16);
 }
 
+inline size_t gemm_shared_bytes(const GemmConfig& c, const GemmOperands& o);
+
+// The most dynamic shared memory a block of an NVIDIA GPU of this compute capability may
+// opt into: 227 KB on sm_90 and sm_100, 163 KB on sm_80 and sm_87, 99 KB on the others.
+inline size_t gemm_max_shared(int arch) {
+  if (arch == 90 || arch == 100) return 227u * 1024;
+  return arch == 80 || arch == 87 ? 163u * 1024 : 99u * 1024;
+}
+
 // Whether a config can compute this problem.
 inline bool gemm_fits(const GemmConfig& c, const GemmProblem& p) {
   if (c.kind == GemmKind::wgmma)
     return p.tma_ok && p.tensor_ok && gemm_has_wgmma(p.dtype, p.arch) &&
            (c.cluster == 1 || (c.persistent && !c.stream_k && c.bn % (64 * c.cluster) == 0));
-  if (c.kind == GemmKind::mma) return p.tensor_ok && gemm_has_mma(p.dtype, p.arch);
+  if (c.kind == GemmKind::mma) {
+    GemmOperands o = p.ops;
+    o.elem_bytes = int(info(p.dtype).bytes);  // a 16-bit config's tiles take twice the room in f32
+    return p.tensor_ok && gemm_has_mma(p.dtype, p.arch, p.tf32) && gemm_shared_bytes(c, o) <= gemm_max_shared(p.arch);
+  }
   if (c.kind == GemmKind::mfma) return p.tensor_ok && gemm_has_mfma(p.dtype, p.arch);
   return true;
 }
 
 // Every config a tuner may time for this dtype and architecture; of configs with the
 // same block tile, the best-known first (the heuristic takes that one).
-inline std::vector<GemmConfig> gemm_candidates(DType d, int arch) {
+inline std::vector<GemmConfig> gemm_candidates(DType d, int arch, bool tf32 = false) {
   using K = GemmKind;
+  // TF32: K steps of 32 elements are as many bytes as bf16's 64; 3-4 stages fit an A100's
+  // 164 KB as well as a Hopper's 227 KB. NOTE: not yet measured against each other.
+  if (d == DType::f32 && gemm_has_mma(d, arch, tf32))
+    return {{K::mma, 128, 128, 32, 64, 64, 3}, {K::mma, 128, 128, 32, 64, 64, 4}, {K::mma, 128, 128, 16, 64, 64, 4},
+            {K::mma, 128, 256, 32, 64, 64, 3}, {K::mma, 256, 128, 32, 64, 64, 3}, {K::mma, 128, 128, 32, 64, 32, 3},
+            {K::mma, 64, 128, 32, 32, 64, 4},  {K::mma, 64, 64, 32, 32, 32, 4}};
   // NOTE: measured on an H200 (bench/gpu_bench.cpp, KILN_BENCH_GEMM_SWEEP, bf16 8192^3):
   // 128x128 blocks of four 64x64 warps, two blocks per SM, beat one 8-warp 128x256 block
   // (333 against 276 TFLOP/s; docs/benchmarks.md has the sweep).
@@ -206,7 +234,7 @@ inline GemmConfig gemm_clustered(const GemmConfig& c, const GemmProblem& p) {
 // config ran at half wgmma's speed or less: docs/benchmarks.md; compiling them was a
 // third of W4's tuning time); persistent ones in clusters where the heuristic would cluster.
 inline std::vector<GemmConfig> gemm_tuning_candidates(const GemmProblem& p) {
-  std::vector<GemmConfig> all = gemm_candidates(p.dtype, p.tensor_ok ? p.arch : 0), out;
+  std::vector<GemmConfig> all = gemm_candidates(p.dtype, p.tensor_ok ? p.arch : 0, p.tf32), out;
   bool hopper = std::any_of(all.begin(), all.end(), [&](const GemmConfig& c) { return c.kind == GemmKind::wgmma && gemm_fits(c, p); });
   for (const GemmConfig& c : all)
     if (gemm_fits(c, p) && !(hopper && c.kind == GemmKind::mma) && (p.heavy_epilogue || !c.split_epilogue))
@@ -219,7 +247,7 @@ inline std::vector<GemmConfig> gemm_tuning_candidates(const GemmProblem& p) {
 // (larger tiles re-read A and B less), in clusters where that pays (gemm_clustered); else
 // the smallest.
 inline GemmConfig gemm_heuristic(const GemmProblem& p) {
-  auto all = gemm_candidates(p.dtype, p.tensor_ok ? p.arch : 0);
+  auto all = gemm_candidates(p.dtype, p.tensor_ok ? p.arch : 0, p.tf32);
   auto tile = [&](GemmKind kind, int bm, int bn) {
     for (const GemmConfig& c : all)
       if (c.kind == kind && c.bm == bm && c.bn == bn) return c;
@@ -246,7 +274,8 @@ inline GemmConfig gemm_heuristic(const GemmProblem& p) {
 // The config choice: a tuner installs a chooser (its database, or a forced
 // config while it times one); an empty result or no chooser means the
 // heuristic. A chosen config the problem cannot take falls back to the heuristic
-// (a tensor-core config on operands that cannot take tensor cores: simt).
+// (a tensor-core config on operands that cannot take tensor cores: simt; an mma config
+// too big for the device's shared memory: the heuristic's).
 using GemmChooser = std::function<std::optional<GemmConfig>(const GemmProblem&)>;
 inline GemmChooser& gemm_chooser() {
   static GemmChooser c;
@@ -256,7 +285,9 @@ inline GemmConfig gemm_choose(const GemmProblem& p) {
   if (const GemmChooser& c = gemm_chooser()) {
     if (std::optional<GemmConfig> got = c(p)) {
       if (gemm_fits(*got, p)) return *got;
-      if (got->kind == GemmKind::wgmma && gemm_fits(GemmConfig{GemmKind::mma}, p)) return gemm_heuristic(p);
+      // Operands the tensor cores can take, a config the device cannot (the copy engine, shared memory): the heuristic's.
+      if ((got->kind == GemmKind::wgmma || got->kind == GemmKind::mma) && gemm_fits(GemmConfig{GemmKind::mma}, p))
+        return gemm_heuristic(p);
       GemmProblem q = p;
       q.tensor_ok = q.tma_ok = false;
       return gemm_heuristic(q);
@@ -272,6 +303,12 @@ inline constexpr int kWgmmaStageCols = 32, kWgmmaStagePitch = 40;
 // same: 16 bytes of padding per row).
 inline size_t gemm_split_staging_bytes(const GemmConfig& c) { return size_t(c.bm) * size_t(c.bn + 8) * 2; }
 
+// The mma kind's row padding of a shared-memory tile, in elements: 16 bytes where ldmatrix
+// reads the rows (16-bit elements; K-major 32-bit ones), which then meet no bank conflicts;
+// 32 bytes where lanes read 32-bit elements of four rows at once (TF32 M- and N-major
+// tiles: a pitch of 8 banks modulo 32 puts the four rows' eight columns on 32 banks).
+inline int gemm_mma_pad(const GemmOperands& o, bool k_inner) { return o.elem_bytes == 4 && !k_inner ? 8 : 16 / o.elem_bytes; }
+
 // Dynamic shared memory of an mma or wgmma kernel (0 for simt: static). wgmma: the
 // stages, their full and empty barriers, the epilogue's staging (split: two more
 // barriers and the tile), and 1 KB to align the base to the swizzle atom.
@@ -280,9 +317,9 @@ inline size_t gemm_shared_bytes(const GemmConfig& c, const GemmOperands& o) {
     return size_t(c.stages) * (size_t(c.bm + c.bn) * c.bk * 2 + 16) +
            (c.split_epilogue ? 16 + gemm_split_staging_bytes(c) : size_t(c.bm / c.wm) * 64 * kWgmmaStagePitch * 4) + 1024;
   if (c.kind != GemmKind::mma) return 0;
-  size_t a = o.a_k_major ? size_t(c.bm) * (c.bk + 8) : size_t(c.bk) * (c.bm + 8);
-  size_t b = o.b_k_major ? size_t(c.bn) * (c.bk + 8) : size_t(c.bk) * (c.bn + 8);
-  return (a + b) * 2 * size_t(c.stages);
+  size_t a = o.a_k_major ? size_t(c.bm) * (c.bk + gemm_mma_pad(o, true)) : size_t(c.bk) * (c.bm + gemm_mma_pad(o, false));
+  size_t b = o.b_k_major ? size_t(c.bn) * (c.bk + gemm_mma_pad(o, true)) : size_t(c.bk) * (c.bn + gemm_mma_pad(o, false));
+  return (a + b) * size_t(o.elem_bytes) * size_t(c.stages);
 }
 
 // Emits one output element's store: (row, col, value in the compute type) -> statements.
@@ -353,36 +390,52 @@ class GemmWriter {
     return "(" + compute() + ")" + e;
   }
 
+  // The mma kind's operands: TF32 (f32 elements, 4 bytes) or 16-bit ones.
+  bool tf32() const { return d_ == DType::f32; }
+  int elem_bytes() const { return tf32() ? 4 : 2; }
+
   // One operand tile in shared memory as it lies in global memory: R rows of C
-  // contiguous elements, row pitch C + 8 (16 bytes of padding: conflict-free ldmatrix).
-  // k_inner: rows are the M (N) dim, from mn0, extent mn_ext, stride `str`, and run
-  // along K; else rows are K (stride `str`) and run along M (N) from mn0.
+  // contiguous elements, row pitch C + gemm_mma_pad. k_inner: rows are the M (N) dim,
+  // from mn0, extent mn_ext, stride `str`, and run along K; else rows are K (stride
+  // `str`) and run along M (N) from mn0. Copied in 16-byte chunks of `per` elements.
   struct Tile {
     std::string x;  // "A" or "B"
     int R, C;
     bool k_inner;
     std::string mn0, mn_ext, str;
-    int chunks() const { return R * C / 8; }
-    int stage() const { return R * (C + 8); }  // elements
+    int per, pitch;
+    int chunks() const { return R * C / per; }
+    int stage() const { return R * pitch; }  // elements
   };
+  Tile tile(const std::string& x, int r, int c, bool k_inner, const std::string& mn0, const std::string& ext,
+            const std::string& str) const {
+    GemmOperands o = o_;
+    o.elem_bytes = elem_bytes();
+    return {x, r, c, k_inner, mn0, ext, str, 16 / elem_bytes(), c + gemm_mma_pad(o, k_inner)};
+  }
   std::string tile_chunk(const Tile& t) const {
-    return "      const int c = threadIdx.x + i * NT, r = c / " + std::to_string(t.C / 8) + ", e = (c % " + std::to_string(t.C / 8) +
-           ") * 8; (void)r; (void)e;\n";
+    return "      const int c = threadIdx.x + i * NT, r = c / " + std::to_string(t.C / t.per) + ", e = (c % " +
+           std::to_string(t.C / t.per) + ") * " + std::to_string(t.per) + "; (void)r; (void)e;\n";
   }
   int per_thread(const Tile& t) const { return (t.chunks() + c_.threads() - 1) / c_.threads(); }
+  std::string elem_type() const { return tf32() ? "float" : "uint16_t"; }
+  // The bytes (0..16) of a 16-byte chunk before the end of a row, `left` elements from it.
+  std::string chunk_bytes(const std::string& left) const {
+    const std::string per = std::to_string(16 / elem_bytes());
+    return "(" + left + " >= " + per + " ? 16 : " + left + " > 0 ? (int)" + left + " * " + std::to_string(elem_bytes()) + " : 0)";
+  }
   // Per thread, once: each chunk's global pointer at k = 0 and what of it is in range
   // along M (N): k_inner, 1 or 0; else the bytes (0..16) before the end of the row.
   std::string copy_setup(const Tile& t) const {
     std::string P = std::to_string(per_thread(t)), n = std::to_string(t.chunks()), x = t.x, s;
-    s += "  const uint16_t* g" + x + "[" + P + "]; int v" + x + "[" + P + "];\n";
+    s += "  const " + elem_type() + "* g" + x + "[" + P + "]; int v" + x + "[" + P + "];\n";
     s += "#pragma unroll\n  for (int i = 0; i < " + P + "; ++i) {\n" + tile_chunk(t);
     if (t.k_inner)
       s += "      const int64_t o = " + t.mn0 + " + r; v" + x + "[i] = c < " + n + " && o < " + t.mn_ext + "; g" + x + "[i] = " + x +
            "g + (v" + x + "[i] ? o * " + t.str + " + e : 0);\n";
     else
-      s += "      const int64_t left = " + t.mn_ext + " - (" + t.mn0 + " + e); v" + x + "[i] = c < " + n +
-           " ? (left >= 8 ? 16 : left > 0 ? (int)left * 2 : 0) : 0; g" + x + "[i] = " + x + "g + (int64_t)r * " + t.str + " + (v" +
-           x + "[i] ? " + t.mn0 + " + e : 0);\n";
+      s += "      const int64_t left = " + t.mn_ext + " - (" + t.mn0 + " + e); v" + x + "[i] = c < " + n + " ? " + chunk_bytes("left") +
+           " : 0; g" + x + "[i] = " + x + "g + (int64_t)r * " + t.str + " + (v" + x + "[i] ? " + t.mn0 + " + e : 0);\n";
     return s + "  }\n";
   }
   // The cp.async of K-tile kt into stage st; past K (and past M/N) zero-filled.
@@ -391,61 +444,105 @@ class GemmWriter {
     s += "#pragma unroll\n    for (int i = 0; i < " + std::to_string(per_thread(t)) + "; ++i) {\n" + tile_chunk(t);
     s += t.chunks() % c_.threads() ? "      if (c < " + std::to_string(t.chunks()) + ") {\n" : "      {\n";
     if (t.k_inner)
-      s += "        const int64_t left = K - (k0 + e); const int bytes = v" + x + "[i] ? (left >= 8 ? 16 : left > 0 ? (int)left * 2 : 0) : 0;\n"
-           "        const uint16_t* g = bytes ? g" + x + "[i] + k0 : " + x + "g;\n";
+      s += "        const int64_t left = K - (k0 + e); const int bytes = v" + x + "[i] ? " + chunk_bytes("left") + " : 0;\n"
+           "        const " + elem_type() + "* g = bytes ? g" + x + "[i] + k0 : " + x + "g;\n";
     else
-      s += "        const int bytes = k0 + r < K ? v" + x + "[i] : 0;\n        const uint16_t* g = bytes ? g" + x + "[i] + k0 * " + t.str +
-           " : " + x + "g;\n";
-    s += "        kiln_cp_async16(s" + x + " + (uint32_t)((st * " + std::to_string(t.stage()) + " + r * " + std::to_string(t.C + 8) +
-         " + e) * 2), g, bytes);\n      }\n    }\n";
+      s += "        const int bytes = k0 + r < K ? v" + x + "[i] : 0;\n        const " + elem_type() + "* g = bytes ? g" + x + "[i] + k0 * " +
+           t.str + " : " + x + "g;\n";
+    s += "        kiln_cp_async16(s" + x + " + (uint32_t)((st * " + std::to_string(t.stage()) + " + r * " + std::to_string(t.pitch) +
+         " + e) * " + std::to_string(elem_bytes()) + "), g, bytes);\n      }\n    }\n";
     return s;
+  }
+
+  // Fragments of k-step ks into buffer F (compile-time indices: the register arrays stay
+  // registers). `as`, `bs`: the stage's shared addresses; a_ld, b_ld: this lane's offsets.
+  // 16-bit (m16n8k16): A's ldmatrix x4 gives (m 0-7, k 0-7), (m 8-15, k 0-7), (m 0-7, k 8-15),
+  // (m 8-15, k 8-15) = a0..a3; B's x4, two n8 tiles: (n 0-7, k 0-7), (n 0-7, k 8-15),
+  // (n 8-15, k 0-7), (n 8-15, k 8-15).
+  std::string frags16(const Tile& a, const Tile& b, int f, int ks) const {
+    auto S = [](int v) { return std::to_string(v); };
+    const int mt = c_.wm / 16, nt = c_.wn / 8;
+    std::string t, F = S(f);
+    for (int i = 0; i < mt; ++i) {
+      int off = o_.a_k_major ? (i * 16 * a.pitch + ks * 16) * 2 : (ks * 16 * a.pitch + i * 16) * 2;
+      t += std::string("      ") + (o_.a_k_major ? "kiln_ldmatrix_x4" : "kiln_ldmatrix_x4_trans") + "(af[" + F + "][" + S(i) +
+           "], as + a_ld + " + S(off) + ");\n";
+    }
+    for (int p = 0; p < nt / 2; ++p) {
+      int off = o_.b_k_major ? (p * 16 * b.pitch + ks * 16) * 2 : (ks * 16 * b.pitch + p * 16) * 2;
+      t += std::string("      { uint32_t t[4]; ") + (o_.b_k_major ? "kiln_ldmatrix_x4" : "kiln_ldmatrix_x4_trans") + "(t, bs + b_ld + " +
+           S(off) + "); bf[" + F + "][" + S(2 * p) + "][0] = t[0]; bf[" + F + "][" + S(2 * p) + "][1] = t[1]; bf[" + F + "][" +
+           S(2 * p + 1) + "][0] = t[2]; bf[" + F + "][" + S(2 * p + 1) + "][1] = t[3]; }\n";
+    }
+    return t;
+  }
+  // TF32 (m16n8k8; g = lane / 4, t = lane % 4): a0..a3 = A(g, t), A(g + 8, t), A(g, t + 4),
+  // A(g + 8, t + 4); b0, b1 = B(t, g), B(t + 4, g). K-major: an ldmatrix x4 of 8x8 b16
+  // matrices is four 8-row x 4-column f32 ones, lane l getting (row l / 4, column l % 4) of
+  // each: A's (m 0-7, k 0-3), (m 8-15, k 0-3), (m 0-7, k 4-7), (m 8-15, k 4-7); B's
+  // (n 0-7, k 0-3), (n 0-7, k 4-7), (n 8-15, k 0-3), (n 8-15, k 4-7). M- and N-major: each
+  // element one 32-bit load. Every element is rounded to TF32 once loaded.
+  std::string frags32(const Tile& a, const Tile& b, int f, int ks) const {
+    auto S = [](int v) { return std::to_string(v); };
+    const int mt = c_.wm / 16, nt = c_.wn / 8;
+    std::string t, F = S(f);
+    for (int i = 0; i < mt; ++i) {
+      std::string r = "af[" + F + "][" + S(i) + "]";
+      if (o_.a_k_major) t += "      kiln_ldmatrix_x4(" + r + ", as + a_ld + " + S((i * 16 * a.pitch + ks * 8) * 4) + ");\n";
+      else
+        for (int q = 0; q < 4; ++q)  // a_q: m + 8 for q odd, k + 4 for q >= 2
+          t += "      " + r + "[" + S(q) + "] = kiln_lds32(as + a_ld + " + S(((ks * 8 + q / 2 * 4) * a.pitch + i * 16 + q % 2 * 8) * 4) + ");\n";
+      t += "      kiln_tf32x4(" + r + ");\n";
+    }
+    for (int p = 0; p < nt / 2; ++p) {
+      std::string lo = "bf[" + F + "][" + S(2 * p) + "]", hi = "bf[" + F + "][" + S(2 * p + 1) + "]";  // n tiles 2p, 2p + 1
+      if (o_.b_k_major)
+        t += "      { uint32_t t[4]; kiln_ldmatrix_x4(t, bs + b_ld + " + S((p * 16 * b.pitch + ks * 8) * 4) + "); " + lo + "[0] = t[0]; " + lo +
+             "[1] = t[1]; " + hi + "[0] = t[2]; " + hi + "[1] = t[3]; }\n";
+      else
+        for (int j = 0; j < 2; ++j)
+          for (int h = 0; h < 2; ++h)  // n tile 2p + j, k + 4h
+            t += "      bf[" + F + "][" + S(2 * p + j) + "][" + S(h) + "] = kiln_lds32(bs + b_ld + " +
+                 S(((ks * 8 + h * 4) * b.pitch + p * 16 + j * 8) * 4) + ");\n";
+      t += "      kiln_tf32x2(" + lo + "); kiln_tf32x2(" + hi + ");\n";
+    }
+    return t;
   }
 
   std::string mma() const {
     const GemmConfig& c = c_;
-    int mt = c.wm / 16, nt = c.wn / 8, ksteps = c.bk / 16;
+    const int mt = c.wm / 16, nt = c.wn / 8, kstep = tf32() ? 8 : 16, ksteps = c.bk / kstep, eb = elem_bytes();
     auto S = [](int v) { return std::to_string(v); };
-    Tile a = o_.a_k_major ? Tile{"A", c.bm, c.bk, true, "m0", "Mr", "sam"} : Tile{"A", c.bk, c.bm, false, "m0", "Mr", "sak"};
-    Tile b = o_.b_k_major ? Tile{"B", c.bn, c.bk, true, "n0", "N", "sbn"} : Tile{"B", c.bk, c.bn, false, "n0", "N", "sbk"};
-    int ald = a.C + 8, bld = b.C + 8;
+    Tile a = o_.a_k_major ? tile("A", c.bm, c.bk, true, "m0", "Mr", "sam") : tile("A", c.bk, c.bm, false, "m0", "Mr", "sak");
+    Tile b = o_.b_k_major ? tile("B", c.bn, c.bk, true, "n0", "N", "sbn") : tile("B", c.bk, c.bn, false, "n0", "N", "sbk");
     std::string s;
     s += "  constexpr int STAGES = " + S(c.stages) + ";\n";
     s += "  extern __shared__ __align__(128) unsigned char kiln_smem[];\n";
-    s += "  const uint32_t sA = kiln_smem_addr(kiln_smem), sB = sA + STAGES * " + S(a.stage() * 2) + ";\n";
+    s += "  const uint32_t sA = kiln_smem_addr(kiln_smem), sB = sA + STAGES * " + S(a.stage() * eb) + ";\n";
     s += "  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;\n";
     s += "  const int wm0 = (warp / (BN / WN)) * WM, wn0 = (warp % (BN / WN)) * WN;\n";
     s += "  const int KT = (int)((K + BK - 1) / BK);\n";
     s += "  float acc[" + S(mt) + "][" + S(nt) + "][4];\n";
     s += "#pragma unroll\n  for (int i = 0; i < " + S(mt) + "; ++i)\n#pragma unroll\n  for (int j = 0; j < " + S(nt) +
          "; ++j)\n#pragma unroll\n  for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.f;\n";
-    s += "  const uint16_t* Ag = (const uint16_t*)A0; const uint16_t* Bg = (const uint16_t*)B0;\n";
+    s += "  const " + elem_type() + "* Ag = (const " + elem_type() + "*)A0; const " + elem_type() + "* Bg = (const " + elem_type() + "*)B0;\n";
     s += copy_setup(a) + copy_setup(b);
     s += "  auto load_stage = [&](int st, int kt) {\n    const int64_t k0 = (int64_t)kt * BK;\n" + copy_issue(a) + copy_issue(b) + "  };\n";
-    // Each lane's ldmatrix row address within a stage (bytes). A's x4: (m 0-7, k 0-7), (m 8-15, k 0-7),
-    // (m 0-7, k 8-15), (m 8-15, k 8-15) = a0..a3; B's x4, two n8 tiles: (n 0-7, k 0-7), (n 0-7, k 8-15),
-    // (n 8-15, k 0-7), (n 8-15, k 8-15). Matrix q = lane / 8 takes row lane % 8.
-    std::string q = "(lane / 8)", r = "(lane % 8)";
-    if (o_.a_k_major) s += "  const uint32_t a_ld = ((wm0 + lane % 16) * " + S(ald) + " + (lane / 16) * 8) * 2;\n";
-    else s += "  const uint32_t a_ld = ((" + q + " / 2 * 8 + " + r + ") * " + S(ald) + " + wm0 + " + q + " % 2 * 8) * 2;\n";
-    if (o_.b_k_major) s += "  const uint32_t b_ld = ((wn0 + " + q + " / 2 * 8 + " + r + ") * " + S(bld) + " + " + q + " % 2 * 8) * 2;\n";
-    else s += "  const uint32_t b_ld = ((" + q + " % 2 * 8 + " + r + ") * " + S(bld) + " + wn0 + " + q + " / 2 * 8) * 2;\n";
-    // Fragments of k-step ks into buffer f (both compile-time: the register arrays stay registers).
-    auto frags = [&](int f, int ks) {
-      std::string t, F = S(f), kk = S(ks * 16);
-      for (int i = 0; i < mt; ++i) {
-        int off = o_.a_k_major ? (i * 16 * ald + ks * 16) * 2 : (ks * 16 * ald + i * 16) * 2;
-        t += std::string("      ") + (o_.a_k_major ? "kiln_ldmatrix_x4" : "kiln_ldmatrix_x4_trans") + "(af[" + F + "][" + S(i) +
-             "], as + a_ld + " + S(off) + ");\n";
-      }
-      for (int p = 0; p < nt / 2; ++p) {
-        int off = o_.b_k_major ? (p * 16 * bld + ks * 16) * 2 : (ks * 16 * bld + p * 16) * 2;
-        t += std::string("      { uint32_t t[4]; ") + (o_.b_k_major ? "kiln_ldmatrix_x4" : "kiln_ldmatrix_x4_trans") +
-             "(t, bs + b_ld + " + S(off) + "); bf[" + F + "][" + S(2 * p) + "][0] = t[0]; bf[" + F + "][" + S(2 * p) +
-             "][1] = t[1]; bf[" + F + "][" + S(2 * p + 1) + "][0] = t[2]; bf[" + F + "][" + S(2 * p + 1) + "][1] = t[3]; }\n";
-      }
-      return t;
-    };
-    std::string op = d_ == DType::bf16 ? "kiln_mma_bf16" : "kiln_mma_f16";
+    // Each lane's row address within a stage (bytes). ldmatrix: matrix q = lane / 8 takes row lane % 8.
+    std::string q = "(lane / 8)", r = "(lane % 8)", ap = S(a.pitch), bp = S(b.pitch);
+    if (!tf32()) {
+      if (o_.a_k_major) s += "  const uint32_t a_ld = ((wm0 + lane % 16) * " + ap + " + (lane / 16) * 8) * 2;\n";
+      else s += "  const uint32_t a_ld = ((" + q + " / 2 * 8 + " + r + ") * " + ap + " + wm0 + " + q + " % 2 * 8) * 2;\n";
+      if (o_.b_k_major) s += "  const uint32_t b_ld = ((wn0 + " + q + " / 2 * 8 + " + r + ") * " + bp + " + " + q + " % 2 * 8) * 2;\n";
+      else s += "  const uint32_t b_ld = ((" + q + " % 2 * 8 + " + r + ") * " + bp + " + wn0 + " + q + " / 2 * 8) * 2;\n";
+    } else {
+      if (o_.a_k_major) s += "  const uint32_t a_ld = ((wm0 + lane % 16) * " + ap + " + (lane / 16) * 4) * 4;\n";
+      else s += "  const uint32_t a_ld = ((lane % 4) * " + ap + " + wm0 + lane / 4) * 4;\n";
+      if (o_.b_k_major) s += "  const uint32_t b_ld = ((wn0 + " + q + " / 2 * 8 + " + r + ") * " + bp + " + " + q + " % 2 * 4) * 4;\n";
+      else s += "  const uint32_t b_ld = ((lane % 4) * " + bp + " + wn0 + lane / 4) * 4;\n";
+    }
+    auto frags = [&](int f, int ks) { return tf32() ? frags32(a, b, f, ks) : frags16(a, b, f, ks); };
+    std::string op = tf32() ? "kiln_mma_tf32" : d_ == DType::bf16 ? "kiln_mma_bf16" : "kiln_mma_f16";
     s += "#pragma unroll\n  for (int p = 0; p < STAGES - 1; ++p) { if (p < KT) load_stage(p, p); kiln_cp_async_commit(); }\n";
     s += "  uint32_t af[2][" + S(mt) + "][4], bf[2][" + S(nt) + "][2];\n";
     s += "  int rs = 0, ws = STAGES - 1;\n";
@@ -454,17 +551,17 @@ class GemmWriter {
     // The stage refilled now was read in iteration kt - 1, which every warp has left (the barrier).
     s += "    if (kt + STAGES - 1 < KT) load_stage(ws, kt + STAGES - 1);\n    kiln_cp_async_commit();\n";
     s += "    ws = ws + 1 == STAGES ? 0 : ws + 1;\n";
-    s += "    const uint32_t as = sA + rs * " + S(a.stage() * 2) + ", bs = sB + rs * " + S(b.stage() * 2) + ";\n";
+    s += "    const uint32_t as = sA + rs * " + S(a.stage() * eb) + ", bs = sB + rs * " + S(b.stage() * eb) + ";\n";
     s += "    rs = rs + 1 == STAGES ? 0 : rs + 1;\n";
     s += frags(0, 0);
-    // Fragments double-buffered: the next k-step's ldmatrix go out before this one's mma.
+    // Fragments double-buffered: the next k-step's loads go out before this one's mma.
     for (int ks = 0; ks < ksteps; ++ks) {
       if (ks + 1 < ksteps) s += frags((ks + 1) % 2, ks + 1);
       s += "#pragma unroll\n    for (int i = 0; i < " + S(mt) + "; ++i)\n#pragma unroll\n    for (int j = 0; j < " + S(nt) + "; ++j) " +
            op + "(acc[i][j], af[" + S(ks % 2) + "][i], bf[" + S(ks % 2) + "][j][0], bf[" + S(ks % 2) + "][j][1]);\n";
     }
     s += "  }\n  kiln_cp_async_wait<0>();\n";
-    // Accumulator fragment: c0, c1 at (lane/4, 2*(lane%4) + 0/1), c2, c3 eight rows below.
+    // Accumulator fragment (both shapes): c0, c1 at (lane/4, 2*(lane%4) + 0/1), c2, c3 eight rows below.
     s += "#pragma unroll\n  for (int i = 0; i < " + S(mt) + "; ++i)\n#pragma unroll\n  for (int j = 0; j < " + S(nt) +
          "; ++j)\n#pragma unroll\n  for (int q = 0; q < 4; ++q) {\n";
     s += "    const int64_t row = m0 + wm0 + i * 16 + lane / 4 + (q / 2) * 8, col = n0 + wn0 + j * 8 + (lane % 4) * 2 + q % 2;\n";

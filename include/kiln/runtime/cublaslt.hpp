@@ -6,7 +6,8 @@
 // in the toolkit's lib64 as NVRTC is), nothing linked: without
 // it available() is false and kiln runs its own kernels. Takes a matmul kernel
 // of a plan with its bound arguments; gives a runnable Gemm when cuBLASLt can
-// compute exactly that kernel: bf16, f16 or f32 (f32 accumulation, no TF32), at
+// compute exactly that kernel: bf16, f16 or f32 (f32 accumulation; TF32 where
+// kiln::allow_tf32(), as kiln's own f32 kernels then), at
 // most one batch dim, each operand contiguous along one of its matrix dims, a
 // fresh row-major output, and an epilogue that is nothing or exactly a bias add
 // over N (CUBLASLT_EPILOGUE_BIAS).
@@ -23,6 +24,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "kiln/core/precision.hpp"
 #include "kiln/jit/nvrtc.hpp"
 #include "kiln/runtime/bind.hpp"
 #include "kiln/runtime/cuda_runtime.hpp"
@@ -48,6 +50,7 @@ struct HeuristicResult {
 };
 inline constexpr int kR32F = 0, kR16F = 2, kR16BF = 14;  // cudaDataType
 inline constexpr int kCompute32F = 68;                   // CUBLAS_COMPUTE_32F (no TF32)
+inline constexpr int kCompute32FFastTF32 = 77;           // CUBLAS_COMPUTE_32F_FAST_TF32
 inline constexpr int kOpN = 0, kOpT = 1;
 inline constexpr int kDescTransA = 3, kDescTransB = 4, kDescEpilogue = 7, kDescBiasPointer = 8;
 inline constexpr uint32_t kEpilogueDefault = 1, kEpilogueBias = 4;
@@ -119,6 +122,7 @@ inline bool available() { return api() != nullptr; }
 // One matmul kernel as a cuBLASLt call, column-major (see the NOTE above).
 struct Gemm {
   int type = abi::kR32F;
+  bool tf32 = false;  // f32 on TF32 tensor cores (kiln::allow_tf32())
   bool trans_a = false, trans_b = false;  // cuBLASLt's A (kiln's B) and B (kiln's A)
   int64_t m = 0, n = 0, k = 0, batch = 1;  // cuBLASLt's: m = kiln's N, n = kiln's M
   int64_t lda = 0, ldb = 0, ldd = 0, stride_a = 0, stride_b = 0, stride_d = 0;
@@ -134,6 +138,7 @@ inline std::optional<Gemm> gemm_for(const ir::Graph& g, const sched::Kernel& k, 
   if (mm.dtype == DType::bf16) r.type = abi::kR16BF;
   else if (mm.dtype == DType::f16) r.type = abi::kR16F;
   else if (mm.dtype != DType::f32) return std::nullopt;
+  r.tf32 = mm.dtype == DType::f32 && allow_tf32();
   int nd = int(a.meta[0]);
   if (nd > 3) return std::nullopt;
   auto size = [&](int d) { return a.meta[size_t(2 + d)]; };
@@ -204,7 +209,7 @@ inline bool run(const Gemm& r, cu::CudaDevice& dev, cu::CUstream stream) {
   };
   bool ran = false;
   try {
-    check(A.desc_create(&desc, abi::kCompute32F, abi::kR32F), "cublasLtMatmulDescCreate");
+    check(A.desc_create(&desc, r.tf32 ? abi::kCompute32FFastTF32 : abi::kCompute32F, abi::kR32F), "cublasLtMatmulDescCreate");
     int32_t ta = r.trans_a ? abi::kOpT : abi::kOpN, tb = r.trans_b ? abi::kOpT : abi::kOpN;
     check(A.desc_set(desc, abi::kDescTransA, &ta, sizeof ta), "TRANSA");
     check(A.desc_set(desc, abi::kDescTransB, &tb, sizeof tb), "TRANSB");

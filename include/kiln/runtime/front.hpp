@@ -22,6 +22,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kiln/core/precision.hpp"
 #include "kiln/ir/graph.hpp"
 #include "kiln/runtime/bound.hpp"
 #include "kiln/runtime/counters.hpp"

@@ -44,6 +44,7 @@
 
 #include "kiln/codegen/gpu.hpp"
 #include "kiln/core/log.hpp"
+#include "kiln/core/precision.hpp"
 #include "kiln/runtime/eval.hpp"
 #include "kiln/tune/db.hpp"
 
@@ -64,7 +65,7 @@ struct GpuLaunch {
 inline tune::Key matmul_tune_key(const ir::Graph& g, const sched::Kernel& k, const codegen::Layout& l, const codegen::GemmProblem& p,
                                  const std::string& library, const std::string& arch) {
   std::string layout = std::string(p.ops.a_k_major ? "ak" : "am") + (p.ops.b_k_major ? "bk" : "bn") +
-                       (p.tensor_ok ? "" : "-unaligned") + (p.tma_ok || !p.tensor_ok ? "" : "-notma") +
+                       (p.tensor_ok ? "" : "-unaligned") + (p.tma_ok || !p.tensor_ok ? "" : "-notma") + (p.tf32 ? "-tf32" : "") +
                        (library.empty() ? "" : "+" + library);
   return {"matmul", tune::gemm_shape_class(p.batch, p.m, p.n, p.k), p.dtype, layout, arch, codegen::MatmulEpilogue(g, k, l).identity()};
 }
@@ -79,11 +80,13 @@ inline codegen::GemmProblem gemm_problem(const ir::Graph& g, const sched::Kernel
   p.k = a.meta[1], p.m = a.size(nd - 2), p.n = a.size(nd - 1);
   for (int d = 0; d + 2 < nd; ++d) p.batch *= a.size(d);
   p.dtype = g.nodes[size_t(k.domain)].dtype;
+  p.tf32 = p.dtype == DType::f32 && allow_tf32();
   p.arch = arch, p.sm_count = std::max(sm_count, 1);
   // A [M, K]: K-major when K is contiguous (or M is 1); B [K, N]: K-major when K is contiguous and N is not.
   p.ops.a_k_major = a.stride(0, nd - 1) == 1 || p.k == 1 || (p.m != 1 && a.stride(0, nd - 2) != 1);
   p.ops.b_k_major = a.stride(1, nd - 2) == 1 && p.k != 1 && !(a.stride(1, nd - 1) == 1 && p.n != 1);
   int64_t es = int64_t(info(p.dtype).bytes);
+  p.ops.elem_bytes = int(es);
   bool ok = true;
   auto inner_ok = [&](int slot, int d, int64_t extent) { return extent == 1 || a.stride(slot, d) == 1; };
   auto outer_ok = [&](int slot, int d, int64_t extent) { return extent == 1 || (a.stride(slot, d) * es) % 16 == 0; };
@@ -573,6 +576,7 @@ inline void variant_inputs(const std::vector<KernelArgs>& args, std::vector<int6
   out.push_back(gpu_block_rows_resident().load(std::memory_order_relaxed));
   out.push_back(gpu_rows_streaming().load(std::memory_order_relaxed));
   out.push_back(gpu_rows_exact().load(std::memory_order_relaxed));
+  out.push_back(allow_tf32());
 }
 
 // What a device API policy derives from: the device kind it serves and the

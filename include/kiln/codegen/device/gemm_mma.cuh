@@ -46,3 +46,25 @@ KILN_FN void kiln_mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, ui
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+
+// TF32: D = A * B + D, m16n8k8, f32 accumulators; fragments of 32-bit elements.
+KILN_FN void kiln_mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+               "{%0, %1, %2, %3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// One 32-bit word of shared memory.
+KILN_FN uint32_t kiln_lds32(uint32_t p) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(p));
+  return v;
+}
+// f32 bits rounded to the nearest TF32 (10 mantissa bits; the tensor cores would drop the
+// rest, a bias towards zero), in place.
+KILN_FN void kiln_tf32x2(uint32_t (&r)[2]) {
+  for (int i = 0; i < 2; ++i) asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r[i]) : "f"(__uint_as_float(r[i])));
+}
+KILN_FN void kiln_tf32x4(uint32_t (&r)[4]) {
+  for (int i = 0; i < 4; ++i) asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r[i]) : "f"(__uint_as_float(r[i])));
+}
