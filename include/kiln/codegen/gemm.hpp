@@ -169,12 +169,14 @@ inline bool gemm_fits(const GemmConfig& c, const GemmProblem& p) {
 // same block tile, the best-known first (the heuristic takes that one).
 inline std::vector<GemmConfig> gemm_candidates(DType d, int arch, bool tf32 = false) {
   using K = GemmKind;
-  // TF32: K steps of 32 elements are as many bytes as bf16's 64; 3-4 stages fit an A100's
-  // 164 KB as well as a Hopper's 227 KB. NOTE: not yet measured against each other.
+  // TF32: K steps of 16 or 32 (as many bytes as bf16's 32 or 64), stages that fit an A100's
+  // 163 KB and leave a Hopper room for two blocks. NOTE: on an H200 (f32 4096^3, each forced,
+  // docs/benchmarks.md) 128x128x16 s4 ran at 140 TFLOP/s, 128x128x32 s3 at 100, s4 at 60
+  // (143 KB: one block an SM).
   if (d == DType::f32 && gemm_has_mma(d, arch, tf32))
-    return {{K::mma, 128, 128, 32, 64, 64, 3}, {K::mma, 128, 128, 32, 64, 64, 4}, {K::mma, 128, 128, 16, 64, 64, 4},
-            {K::mma, 128, 256, 32, 64, 64, 3}, {K::mma, 256, 128, 32, 64, 64, 3}, {K::mma, 128, 128, 32, 64, 32, 3},
-            {K::mma, 64, 128, 32, 32, 64, 4},  {K::mma, 64, 64, 32, 32, 32, 4}};
+    return {{K::mma, 128, 128, 16, 64, 64, 4}, {K::mma, 128, 128, 16, 64, 64, 6}, {K::mma, 128, 128, 32, 64, 64, 3},
+            {K::mma, 128, 256, 16, 64, 64, 4}, {K::mma, 128, 256, 32, 64, 64, 3}, {K::mma, 256, 128, 16, 64, 64, 4},
+            {K::mma, 128, 128, 32, 64, 32, 3}, {K::mma, 64, 128, 32, 32, 64, 4},  {K::mma, 64, 64, 32, 32, 32, 4}};
   // NOTE: measured on an H200 (bench/gpu_bench.cpp, KILN_BENCH_GEMM_SWEEP, bf16 8192^3):
   // 128x128 blocks of four 64x64 warps, two blocks per SM, beat one 8-warp 128x256 block
   // (333 against 276 TFLOP/s; docs/benchmarks.md has the sweep).
@@ -413,44 +415,45 @@ class GemmWriter {
     o.elem_bytes = elem_bytes();
     return {x, r, c, k_inner, mn0, ext, str, 16 / elem_bytes(), c + gemm_mma_pad(o, k_inner)};
   }
-  std::string tile_chunk(const Tile& t) const {
-    return "      const int c = threadIdx.x + i * NT, r = c / " + std::to_string(t.C / t.per) + ", e = (c % " +
-           std::to_string(t.C / t.per) + ") * " + std::to_string(t.per) + "; (void)r; (void)e;\n";
-  }
-  int per_thread(const Tile& t) const { return (t.chunks() + c_.threads() - 1) / c_.threads(); }
   std::string elem_type() const { return tf32() ? "float" : "uint16_t"; }
   // The bytes (0..16) of a 16-byte chunk before the end of a row, `left` elements from it.
   std::string chunk_bytes(const std::string& left) const {
     const std::string per = std::to_string(16 / elem_bytes());
     return "(" + left + " >= " + per + " ? 16 : " + left + " > 0 ? (int)" + left + " * " + std::to_string(elem_bytes()) + " : 0)";
   }
-  // Per thread, once: each chunk's global pointer at k = 0 and what of it is in range
-  // along M (N): k_inner, 1 or 0; else the bytes (0..16) before the end of the row.
+  // A tile is copied in turns of NT chunks, thread x taking chunk x of each: with whole rows
+  // per turn (NT a multiple of the chunks per row), every chunk of a thread is at the same
+  // element e of rows RS = NT / (C / per) apart, so a thread keeps one pointer per operand
+  // (not one per chunk: registers that the TF32 tiles, twice the chunks, could not spare).
+  int turns(const Tile& t) const { return t.chunks() / c_.threads(); }
+  int turn_rows(const Tile& t) const { return c_.threads() / (t.C / t.per); }
+  // Per thread, once: its row r0 and element e; k_inner: the pointer to (mn0 + r0, 0) and the
+  // rows from there to the end of M (N); else the pointer to (0, mn0 + e) and the bytes
+  // (0..16) of its chunks before the end of the row.
   std::string copy_setup(const Tile& t) const {
-    std::string P = std::to_string(per_thread(t)), n = std::to_string(t.chunks()), x = t.x, s;
-    s += "  const " + elem_type() + "* g" + x + "[" + P + "]; int v" + x + "[" + P + "];\n";
-    s += "#pragma unroll\n  for (int i = 0; i < " + P + "; ++i) {\n" + tile_chunk(t);
+    if (t.chunks() % c_.threads() || c_.threads() % (t.C / t.per))
+      throw Error("kiln: GEMM config " + c_.str() + ": " + t.x + "'s tile is not copied in whole rows per turn of its threads");
+    const std::string x = t.x, cpr = std::to_string(t.C / t.per);
+    std::string s = "  const int r" + x + " = threadIdx.x / " + cpr + ", e" + x + " = threadIdx.x % " + cpr + " * " + std::to_string(t.per) + ";\n";
     if (t.k_inner)
-      s += "      const int64_t o = " + t.mn0 + " + r; v" + x + "[i] = c < " + n + " && o < " + t.mn_ext + "; g" + x + "[i] = " + x +
-           "g + (v" + x + "[i] ? o * " + t.str + " + e : 0);\n";
-    else
-      s += "      const int64_t left = " + t.mn_ext + " - (" + t.mn0 + " + e); v" + x + "[i] = c < " + n + " ? " + chunk_bytes("left") +
-           " : 0; g" + x + "[i] = " + x + "g + (int64_t)r * " + t.str + " + (v" + x + "[i] ? " + t.mn0 + " + e : 0);\n";
-    return s + "  }\n";
+      return s + "  const int64_t n" + x + " = " + t.mn_ext + " - (" + t.mn0 + " + r" + x + ");\n  const " + elem_type() + "* g" + x + " = " +
+             x + "g + (n" + x + " > 0 ? (" + t.mn0 + " + r" + x + ") * " + t.str + " + e" + x + " : 0);\n";
+    return s + "  const int64_t left" + x + " = " + t.mn_ext + " - (" + t.mn0 + " + e" + x + ");\n  const int v" + x + " = " +
+           chunk_bytes("left" + x) + ";\n  const " + elem_type() + "* g" + x + " = " + x + "g + (int64_t)r" + x + " * " + t.str + " + (v" + x +
+           " ? " + t.mn0 + " + e" + x + " : 0);\n";
   }
   // The cp.async of K-tile kt into stage st; past K (and past M/N) zero-filled.
   std::string copy_issue(const Tile& t) const {
-    std::string x = t.x, s;
-    s += "#pragma unroll\n    for (int i = 0; i < " + std::to_string(per_thread(t)) + "; ++i) {\n" + tile_chunk(t);
-    s += t.chunks() % c_.threads() ? "      if (c < " + std::to_string(t.chunks()) + ") {\n" : "      {\n";
+    const std::string x = t.x, RS = std::to_string(turn_rows(t)), eb = std::to_string(elem_bytes());
+    std::string s = "#pragma unroll\n    for (int i = 0; i < " + std::to_string(turns(t)) + "; ++i) {\n";
     if (t.k_inner)
-      s += "        const int64_t left = K - (k0 + e); const int bytes = v" + x + "[i] ? " + chunk_bytes("left") + " : 0;\n"
-           "        const " + elem_type() + "* g = bytes ? g" + x + "[i] + k0 : " + x + "g;\n";
+      s += "      const int64_t left = K - (k0 + e" + x + "); const int bytes = i * " + RS + " < n" + x + " ? " + chunk_bytes("left") + " : 0;\n"
+           "      const " + elem_type() + "* g = bytes ? g" + x + " + i * " + RS + " * " + t.str + " + k0 : " + x + "g;\n";
     else
-      s += "        const int bytes = k0 + r < K ? v" + x + "[i] : 0;\n        const " + elem_type() + "* g = bytes ? g" + x + "[i] + k0 * " +
-           t.str + " : " + x + "g;\n";
-    s += "        kiln_cp_async16(s" + x + " + (uint32_t)((st * " + std::to_string(t.stage()) + " + r * " + std::to_string(t.pitch) +
-         " + e) * " + std::to_string(elem_bytes()) + "), g, bytes);\n      }\n    }\n";
+      s += "      const int bytes = k0 + r" + x + " + i * " + RS + " < K ? v" + x + " : 0;\n      const " + elem_type() + "* g = bytes ? g" + x +
+           " + (k0 + i * " + RS + ") * " + t.str + " : " + x + "g;\n";
+    s += "      kiln_cp_async16(s" + x + " + (uint32_t)((st * " + std::to_string(t.stage()) + " + (r" + x + " + i * " + RS + ") * " +
+         std::to_string(t.pitch) + " + e" + x + ") * " + eb + "), g, bytes);\n    }\n";
     return s;
   }
 
