@@ -1,7 +1,8 @@
 // kiln — header-only C++20 tensor compiler.
 // SPDX-License-Identifier: Apache-2.0
 //
-// The MFMA GEMM (codegen/gemm_mfma.hpp) run on the CPU. No AMD GPU runs it here
+// The MFMA GEMM (codegen/gemm_mfma.hpp), and the SIMT one every GPU falls back to,
+// run on the CPU. No AMD GPU runs the MFMA kernel here
 // (CI has none), so the kernel text MfmaWriter emits, with device/gemm_mfma.cuh,
 // is compiled by the host compiler against a model of one workgroup (a thread per
 // lane, a barrier for __syncthreads, LDS as statics the threads share) and of the
@@ -11,7 +12,8 @@
 // plain matmul exactly (small integers: every product and sum is exact in f32),
 // over odd M, N and K, K = 0, row pitches with NaN past K (the zero-fill),
 // transposed operands, each bf16/f16 instruction path and several tile configs.
-// What it cannot show: that the hardware agrees with the model, and speed.
+// What it cannot show: that the hardware agrees with the model, and speed. The SIMT
+// kernel (GemmWriter) runs on the same workgroup model, f32 and f64, every layout.
 #include <cmath>
 #include <cstring>
 
@@ -33,6 +35,9 @@ constexpr const char* kModel = R"(
 #include <vector>
 #define KILN_FN inline
 #define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
+#define __restrict__
+struct alignas(16) uint4 { unsigned x, y, z, w; };
 struct KilnDim3 { unsigned x = 0, y = 0, z = 0; };
 static thread_local KilnDim3 threadIdx, blockIdx;
 struct KilnBarrier {  // reusable, for n threads
@@ -125,7 +130,60 @@ std::string model_program(const std::vector<Variant>& vs) {
   return s;
 }
 
+// The SIMT kernels of `configs` for every operand layout, f32 and f64: kiln_run_<i> runs
+// simt_variants()[i] (config, A K-major, B K-major, dtype).
+std::vector<Variant> simt_variants() {
+  std::vector<Variant> vs;
+  for (DType d : {DType::f32, DType::f64})
+    for (const GemmConfig& c : codegen::gemm_candidates(d, 0))
+      for (int layout = 0; layout < 4; ++layout) vs.push_back({c, layout % 2 == 0, layout / 2 == 1, d, false});
+  return vs;
+}
+std::string simt_program(const std::vector<Variant>& vs) {
+  std::string s = kModel;
+  s += "#pragma GCC optimize(\"O1\")\n";
+  for (size_t i = 0; i < vs.size(); ++i) {
+    const Variant& v = vs[i];
+    std::string t = v.dtype == DType::f64 ? "double" : "float", n = std::to_string(i);
+    codegen::GemmWriter w(v.config, {v.a_k_major, v.b_k_major}, v.dtype, [&](const std::string& row, const std::string& col, const std::string& x) {
+      return "((" + t + "*)P[2])[" + row + " * N + " + col + "] = " + x + ";";
+    });
+    s += "namespace k" + n + " {\nstatic void kernel(void* const* P, const int64_t* M) {\n" + w.body() + "}\n}\n";
+    s += "extern \"C\" void kiln_run_" + n + "(void* const* P, const int64_t* M, unsigned blocks) { kiln_launch(k" + n +
+         "::kernel, P, M, blocks, " + std::to_string(v.config.threads()) + "); }\n";
+  }
+  return s;
+}
+
 uint16_t to_bits(double v, DType d) { return d == DType::bf16 ? float_to_bf16(float(v)) : float_to_f16(float(v)); }
+
+struct Size {
+  int64_t m, n, k;
+};
+std::string describe(const Variant& v, Size sz) {
+  return v.config.str() + (v.a_k_major ? " A K-major" : " A M-major") + (v.b_k_major ? " B K-major " : " B N-major ") +
+         std::string(info(v.dtype).name) + (v.gfx908 ? " gfx908" : "") + " m " + std::to_string(sz.m) + " n " + std::to_string(sz.n) +
+         " k " + std::to_string(sz.k);
+}
+// Runs kernel kiln_run_<i> of `module` (config g) over the blocks of a [m, n] output.
+template <class Module>
+void run_kernel(const Module& module, size_t i, const GemmConfig& g, void* const* P, const int64_t* M, Size sz) {
+  unsigned blocks = unsigned(((sz.m + g.bm - 1) / g.bm) * ((sz.n + g.bn - 1) / g.bn));
+  auto run = reinterpret_cast<void (*)(void* const*, const int64_t*, unsigned)>(module->symbol(("kiln_run_" + std::to_string(i)).c_str()));
+  run(P, M, blocks);
+}
+// C (got(r, c)) against the product of A's and B's values (row-major [m, k], [k, n]): exactly.
+template <class Got>
+void check_product(const std::vector<double>& a, const std::vector<double>& b, Size sz, Got got) {
+  int64_t wrong = 0;
+  for (int64_t r = 0; r < sz.m; ++r)
+    for (int64_t col = 0; col < sz.n; ++col) {
+      double want = 0;
+      for (int64_t k = 0; k < sz.k; ++k) want += a[size_t(r * sz.k + k)] * b[size_t(k * sz.n + col)];
+      if (!(got(r, col) == want) && wrong++ == 0) FAIL_CHECK("C[" << r << ", " << col << "] = " << got(r, col) << ", want " << want);
+    }
+  CHECK(wrong == 0);
+}
 
 // A [rows, cols] operand with small integer values; `col_major`: stored transposed. Each stored row
 // holds `pad` more elements (NaN: a kernel that reads past the matrix poisons its result).
@@ -167,20 +225,10 @@ TEST_CASE("MFMA GEMM kernel on a CPU model of CDNA wavefronts: equals a plain ma
   auto module = jit::load_host_module(model_program(vs));
 
   KILN_TEST_RNG(rng);
-  struct Size {
-    int64_t m, n, k;
-  };
   for (Size sz : {Size{37, 45, 70}, Size{1, 20, 9}, Size{5, 7, 0}}) {
     for (size_t i = 0; i < vs.size(); ++i) {
       const Variant& v = vs[i];
-      CAPTURE(v.config.str());
-      CAPTURE(v.a_k_major);
-      CAPTURE(v.b_k_major);
-      CAPTURE(int(v.dtype));
-      CAPTURE(v.gfx908);
-      CAPTURE(sz.m);
-      CAPTURE(sz.n);
-      CAPTURE(sz.k);
+      CAPTURE(describe(v, sz));
       // Row pitches rounded up to 16 bytes, plus 8: the last chunk of a row runs past the matrix into NaN.
       auto pitch_pad = [](int64_t inner) { return (8 - inner % 8) % 8 + 8; };
       Operand a = operand(rng, sz.m, sz.k, !v.a_k_major, pitch_pad(v.a_k_major ? sz.k : sz.m), v.dtype);
@@ -188,21 +236,43 @@ TEST_CASE("MFMA GEMM kernel on a CPU model of CDNA wavefronts: equals a plain ma
       std::vector<float> c(size_t(sz.m * sz.n), NAN);
       void* P[3] = {a.bits.data(), b.bits.data(), c.data()};
       int64_t M[8] = {2, sz.k, sz.m, sz.n, a.row_stride, a.col_stride, b.row_stride, b.col_stride};
-      const GemmConfig& g = v.config;
-      unsigned blocks = unsigned(((sz.m + g.bm - 1) / g.bm) * ((sz.n + g.bn - 1) / g.bn));
-      auto run = reinterpret_cast<void (*)(void* const*, const int64_t*, unsigned)>(
-          module->symbol(("kiln_run_" + std::to_string(i)).c_str()));
-      run(P, M, blocks);
-      int64_t wrong = 0;
-      for (int64_t r = 0; r < sz.m; ++r)
-        for (int64_t col = 0; col < sz.n; ++col) {
-          double want = 0;
-          for (int64_t k = 0; k < sz.k; ++k) want += a.value[size_t(r * sz.k + k)] * b.value[size_t(k * sz.n + col)];
-          if (!(double(c[size_t(r * sz.n + col)]) == want)) {
-            if (wrong++ == 0) FAIL_CHECK("C[" << r << ", " << col << "] = " << c[size_t(r * sz.n + col)] << ", want " << want);
+      run_kernel(module, i, v.config, P, M, sz);
+      check_product(a.value, b.value, sz, [&](int64_t r, int64_t col) { return double(c[size_t(r * sz.n + col)]); });
+    }
+  }
+}
+
+TEST_CASE("SIMT GEMM kernel on a CPU model of a thread block: equals a plain matmul (odd sizes, K tiles, K = 0, layouts, f32, f64)") {
+  std::vector<Variant> vs = simt_variants();
+  auto module = jit::load_host_module(simt_program(vs));
+  KILN_TEST_RNG(rng);
+  for (Size sz : {Size{37, 45, 70}, Size{130, 3, 17}, Size{1, 20, 9}, Size{5, 7, 0}}) {
+    for (size_t i = 0; i < vs.size(); ++i) {
+      const Variant& v = vs[i];
+      CAPTURE(describe(v, sz));
+      // Operands of small integers (exact products and sums), rows padded by 3 NaN elements.
+      auto operand = [&](int64_t rows, int64_t cols, bool col_major, std::vector<double>& value, int64_t& rs, int64_t& cs) {
+        int64_t outer = col_major ? cols : rows, pitch = (col_major ? rows : cols) + 3;
+        std::vector<double> stored(size_t(std::max<int64_t>(outer * pitch, 1)), NAN);
+        rs = col_major ? 1 : pitch, cs = col_major ? pitch : 1;
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t c = 0; c < cols; ++c) {
+            value.push_back(double(rng.integer(-3, 3)));
+            stored[size_t(r * rs + c * cs)] = value.back();
           }
-        }
-      CHECK(wrong == 0);
+        return stored;
+      };
+      std::vector<double> av, bv;
+      int64_t ars, acs, brs, bcs;
+      std::vector<double> a = operand(sz.m, sz.k, !v.a_k_major, av, ars, acs), b = operand(sz.k, sz.n, v.b_k_major, bv, brs, bcs);
+      std::vector<float> af(a.begin(), a.end()), bf(b.begin(), b.end());
+      std::vector<double> c(size_t(sz.m * sz.n), NAN);
+      std::vector<float> cf(c.size(), NAN);
+      const bool f64 = v.dtype == DType::f64;
+      void* P[3] = {f64 ? (void*)a.data() : (void*)af.data(), f64 ? (void*)b.data() : (void*)bf.data(), f64 ? (void*)c.data() : (void*)cf.data()};
+      int64_t M[8] = {2, sz.k, sz.m, sz.n, ars, acs, brs, bcs};
+      run_kernel(module, i, v.config, P, M, sz);
+      check_product(av, bv, sz, [&](int64_t r, int64_t col) { return f64 ? c[size_t(r * sz.n + col)] : double(cf[size_t(r * sz.n + col)]); });
     }
   }
 }

@@ -22,9 +22,10 @@
 //         K-major tiles read by ldmatrix (a 32-bit element is two b16 columns),
 //         M- and N-major ones by 32-bit loads from rows padded by 32 bytes.
 //   mfma  bf16/f16 on AMD CDNA (gfx908, gfx90a, gfx94x), HIP: codegen/gemm_mfma.hpp.
-//   simt  any dtype, any strides, CUDA and HIP: register-tiled (TM x TN outputs
-//         per thread, strided so shared-memory reads and the stores are
-//         conflict-free and coalesced), accumulating in the compute type.
+//   simt  any dtype, any strides, CUDA and HIP: register-tiled (WM x WN outputs
+//         per thread, in runs of 16 bytes: one shared-memory read each), K tiles
+//         double-buffered through registers (the next tile's loads in flight while
+//         this one is multiplied), accumulating in the compute type.
 // Every output element leaves through one callback, store(row, col, value): the
 // fused epilogue of a matmul kernel plugs in there.
 //
@@ -170,11 +171,11 @@ inline bool gemm_fits(const GemmConfig& c, const GemmProblem& p) {
 inline std::vector<GemmConfig> gemm_candidates(DType d, int arch, bool tf32 = false) {
   using K = GemmKind;
   // TF32: K steps of 16 or 32 (as many bytes as bf16's 32 or 64), stages that fit an A100's
-  // 163 KB and leave a Hopper room for two blocks. NOTE: on an H200 (f32 4096^3, each forced,
-  // docs/benchmarks.md) 128x128x16 s4 ran at 140 TFLOP/s, 128x128x32 s3 at 100, s4 at 60
-  // (143 KB: one block an SM).
+  // 163 KB and leave a Hopper room for two blocks. NOTE: on an H200 (f32 4096^3, each forced;
+  // docs/benchmarks.md, sixteenth session) 128x128x32 s3 ran at 156 TFLOP/s, 128x128x16 s4 at
+  // 145, 128x256x32 s3 at 141, the rest 107-122; 128x128x32 s4 (143 KB: one block an SM) at 60.
   if (d == DType::f32 && gemm_has_mma(d, arch, tf32))
-    return {{K::mma, 128, 128, 16, 64, 64, 4}, {K::mma, 128, 128, 16, 64, 64, 6}, {K::mma, 128, 128, 32, 64, 64, 3},
+    return {{K::mma, 128, 128, 32, 64, 64, 3}, {K::mma, 128, 128, 16, 64, 64, 4}, {K::mma, 128, 128, 16, 64, 64, 6},
             {K::mma, 128, 256, 16, 64, 64, 4}, {K::mma, 128, 256, 32, 64, 64, 3}, {K::mma, 256, 128, 16, 64, 64, 4},
             {K::mma, 128, 128, 32, 64, 32, 3}, {K::mma, 64, 128, 32, 32, 64, 4},  {K::mma, 64, 64, 32, 32, 32, 4}};
   // NOTE: measured on an H200 (bench/gpu_bench.cpp, KILN_BENCH_GEMM_SWEEP, bf16 8192^3):
@@ -572,35 +573,65 @@ class GemmWriter {
     return s + "  }\n";
   }
 
+  // Threads as a (BM/WM) x (BN/WN) grid. Each K tile of A and B goes global -> registers ->
+  // shared memory (two buffers: the next tile's loads are in flight while this one is
+  // multiplied; one barrier a tile). A thread owns runs of G rows (and G columns), G
+  // elements being 16 bytes where its tile holds whole runs: thread (ty, tx) has rows
+  // (i / G) * TY * G + ty * G + i % G, so each run is one 16-byte shared-memory read (rows
+  // padded by G elements); else G = 1, rows ty + i * TY (rows padded by one element: the
+  // scalar reads and the fills meet no bank conflicts).
   std::string simt() const {
     std::string acc = compute(), s;
-    // Threads as a (BM/WM) x (BN/WN) grid; thread (ty, tx) owns rows ty + i * (BM/WM), cols tx + j * (BN/WN).
-    s += "  constexpr int TX = BN / WN, TY = BM / WM;\n";
-    s += "  __shared__ " + acc + " As[BK][BM + 1], Bs[BK][BN + 1];\n";
+    const int acc_bytes = d_ == DType::f64 || d_ == DType::i32 || d_ == DType::i64 ? 8 : 4;
+    const int G = c_.wm % (16 / acc_bytes) == 0 && c_.wn % (16 / acc_bytes) == 0 ? 16 / acc_bytes : 1;
+    const std::string pad = std::to_string(G);
+    s += "  constexpr int TX = BN / WN, TY = BM / WM, G = " + pad + ";\n";
+    s += "  __shared__ __align__(16) " + acc + " As[2][BK][BM + " + pad + "], Bs[2][BK][BN + " + pad + "];\n";
     s += "  const int tx = threadIdx.x % TX, ty = threadIdx.x / TX;\n";
     s += "  " + acc + " acc[WM][WN];\n";
     s += "#pragma unroll\n  for (int i = 0; i < WM; ++i)\n#pragma unroll\n  for (int j = 0; j < WN; ++j) acc[i][j] = 0;\n";
-    s += "  for (int64_t k0 = 0; k0 < K; k0 += BK) {\n";
     // Walk the contiguous dim fastest across threads, so the loads coalesce.
-    auto fill = [&](const std::string& sm, const std::string& src, const std::string& rows, bool k_fast,
-                    const std::string& o0, const std::string& oext, const std::string& ostr, const std::string& kstr) {
-      std::string t = "    for (int e = threadIdx.x; e < BK * " + rows + "; e += NT) {\n";
-      t += k_fast ? "      const int x = e / BK, kk = e % BK;\n" : "      const int kk = e / " + rows + ", x = e % " + rows + ";\n";
+    auto where = [&](const std::string& rows, bool k_fast) {
+      return k_fast ? "const int x = e / BK, kk = e % BK;" : "const int kk = e / " + rows + ", x = e % " + rows + ";";
+    };
+    auto load = [&](const std::string& r, const std::string& src, const std::string& rows, bool k_fast, const std::string& o0,
+                    const std::string& oext, const std::string& ostr, const std::string& kstr) {
+      std::string t = "#pragma unroll\n    for (int l = 0; l < (BK * " + rows + " + NT - 1) / NT; ++l) {\n";
+      t += "      const int e = threadIdx.x + l * NT; " + where(rows, k_fast) + "\n";
       t += "      const int64_t o = " + o0 + " + x, k = k0 + kk;\n";
-      t += "      " + sm + "[kk][x] = (o < " + oext + " && k < K) ? " + to_compute(src + "[o * " + ostr + " + k * " + kstr + "]") +
-           " : (" + acc + ")0;\n    }\n";
+      t += "      " + r + "[l] = (e < BK * " + rows + " && o < " + oext + " && k < K) ? " +
+           to_compute(src + "[o * " + ostr + " + k * " + kstr + "]") + " : (" + acc + ")0;\n    }\n";
       return t;
     };
-    s += fill("As", "A0", "BM", o_.a_k_major, "m0", "Mr", "sam", "sak");
-    s += fill("Bs", "B0", "BN", o_.b_k_major, "n0", "N", "sbn", "sbk");
-    s += "    __syncthreads();\n";
+    auto store = [&](const std::string& r, const std::string& sm, const std::string& rows, bool k_fast) {
+      std::string t = "#pragma unroll\n    for (int l = 0; l < (BK * " + rows + " + NT - 1) / NT; ++l) {\n";
+      t += "      const int e = threadIdx.x + l * NT; " + where(rows, k_fast) + "\n";
+      return t + "      if (e < BK * " + rows + ") " + sm + "[b][kk][x] = " + r + "[l];\n    }\n";
+    };
+    s += "  " + acc + " ra[(BK * BM + NT - 1) / NT], rb[(BK * BN + NT - 1) / NT];\n";
+    s += "  auto load = [&](int64_t k0) {\n" + load("ra", "A0", "BM", o_.a_k_major, "m0", "Mr", "sam", "sak") +
+         load("rb", "B0", "BN", o_.b_k_major, "n0", "N", "sbn", "sbk") + "  };\n";
+    s += "  auto store = [&](int b) {\n" + store("ra", "As", "BM", o_.a_k_major) + store("rb", "Bs", "BN", o_.b_k_major) + "  };\n";
+    s += "  load(0);\n  store(0);\n  __syncthreads();\n  int cur = 0;\n";
+    s += "  for (int64_t k0 = 0; k0 < K; k0 += BK) {\n";
+    s += "    const bool more = k0 + BK < K;\n    if (more) load(k0 + BK);\n";
     s += "#pragma unroll\n    for (int kk = 0; kk < BK; ++kk) {\n      " + acc + " a[WM], b[WN];\n";
-    s += "#pragma unroll\n      for (int i = 0; i < WM; ++i) a[i] = As[kk][ty + i * TY];\n";
-    s += "#pragma unroll\n      for (int j = 0; j < WN; ++j) b[j] = Bs[kk][tx + j * TX];\n";
+    if (G > 1) {
+      auto run = [&](const std::string& v, const std::string& sm, const std::string& n, const std::string& T, const std::string& t) {
+        return "#pragma unroll\n      for (int i = 0; i < " + n + " / G; ++i) {\n        const uint4 q = *(const uint4*)&" + sm + "[cur][kk][i * " + T +
+               " * G + " + t + " * G];\n#pragma unroll\n        for (int g = 0; g < G; ++g) " + v + "[i * G + g] = ((const " + acc +
+               "*)&q)[g];\n      }\n";
+      };
+      s += run("a", "As", "WM", "TY", "ty") + run("b", "Bs", "WN", "TX", "tx");
+    } else {
+      s += "#pragma unroll\n      for (int i = 0; i < WM; ++i) a[i] = As[cur][kk][ty + i * TY];\n";
+      s += "#pragma unroll\n      for (int j = 0; j < WN; ++j) b[j] = Bs[cur][kk][tx + j * TX];\n";
+    }
     s += "#pragma unroll\n      for (int i = 0; i < WM; ++i)\n#pragma unroll\n      for (int j = 0; j < WN; ++j) acc[i][j] += a[i] * b[j];\n";
-    s += "    }\n    __syncthreads();\n  }\n";
+    // The other buffer was last read before the previous barrier: free to fill.
+    s += "    }\n    if (more) store(cur ^ 1);\n    __syncthreads();\n    cur ^= 1;\n  }\n";
     s += "#pragma unroll\n  for (int i = 0; i < WM; ++i)\n#pragma unroll\n  for (int j = 0; j < WN; ++j) {\n";
-    s += "    const int64_t row = m0 + ty + i * TY, col = n0 + tx + j * TX;\n";
+    s += "    const int64_t row = m0 + (i / G) * TY * G + ty * G + i % G, col = n0 + (j / G) * TX * G + tx * G + j % G;\n";
     s += emit_store("    ", "row", "col", "acc[i][j]");
     return s + "  }\n";
   }
