@@ -294,6 +294,14 @@ static void gemm_benches() {
   {  // the SIMT path: f32 (PyTorch's default fp32 matmul is not TF32)
     Tensor<f32, 2> a = randn<f32>(Shape<2>{4096, 4096}, 28), b = randn<f32>(Shape<2>{4096, 4096}, 29);
     bench_gemm("f32 4096^3", a, b, picked_config(a, b));
+    const auto& props = cu::cuda_device().properties();
+    int arch = props.cc_major * 10 + props.cc_minor;
+    precompile_candidates(a, b, arch, props.sm_count);
+    for (const codegen::GemmConfig& cfg : codegen::gemm_candidates(DType::f32, arch)) {
+      codegen::gemm_chooser() = [cfg](const codegen::GemmProblem&) { return std::optional(cfg); };
+      bench_gemm("f32 4096^3 (forced)", a, b, cfg.str());
+    }
+    codegen::gemm_chooser() = nullptr;
     // TF32 allowed (torch.backends.cuda.matmul.allow_tf32 = True beside it): the heuristic's
     // config, the operands row-major and B read transposed, then every TF32 candidate.
     set_allow_tf32(true);
@@ -302,8 +310,6 @@ static void gemm_benches() {
     bench_gemm("f32 4096^3 TF32 a@b.t()", a, bt.transpose(0, 1), picked_config(a, bt.transpose(0, 1)));
     Tensor<f32, 2> a8 = randn<f32>(Shape<2>{8192, 8192}, 31), b8 = randn<f32>(Shape<2>{8192, 8192}, 32);
     bench_gemm("f32 8192^3 TF32", a8, b8, picked_config(a8, b8));
-    const auto& props = cu::cuda_device().properties();
-    int arch = props.cc_major * 10 + props.cc_minor;
     precompile_candidates(a, b, arch, props.sm_count);
     for (const codegen::GemmConfig& cfg : codegen::gemm_candidates(DType::f32, arch, true)) {
       codegen::gemm_chooser() = [cfg](const codegen::GemmProblem&) { return std::optional(cfg); };

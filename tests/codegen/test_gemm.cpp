@@ -101,6 +101,7 @@ TEST_CASE("gemm config choice: tensor cores only where dtype, architecture and l
         CHECK(c.bm % c.wm == 0);
         CHECK(c.bn % c.wn == 0);
         CHECK(c.threads() <= 1024);
+        if (c.kind == GemmKind::simt) CHECK(codegen::gemm_simt_shared_bytes(c, d) <= 48u * 1024);  // static
         if (c.kind == GemmKind::mma) {
           CHECK(c.wm % 16 == 0);
           CHECK(c.wn % 16 == 0);
@@ -134,7 +135,7 @@ TEST_CASE("gemm config choice: tensor cores only where dtype, architecture and l
       CHECK(codegen::gemm_heuristic(problem(4096, 4096, 4096, d, true, arch)).kind == (cdna ? GemmKind::mfma : GemmKind::simt));
     CHECK(codegen::gemm_heuristic(problem(4096, 4096, 4096, DType::bf16, false, arch)).kind == GemmKind::simt);
     CHECK(codegen::gemm_heuristic(problem(4096, 4096, 4096, DType::f32, true, arch)).kind == GemmKind::simt);
-    CHECK(codegen::gemm_tuning_candidates(problem(4096, 4096, 4096, DType::bf16, true, arch)).size() == (cdna ? 7u : 3u));
+    CHECK(codegen::gemm_tuning_candidates(problem(4096, 4096, 4096, DType::bf16, true, arch)).size() == (cdna ? 7u : 4u));
     for (const GemmConfig& c : codegen::gemm_candidates(DType::bf16, arch)) {
       CAPTURE(c.str());
       CHECK(c.kind == (cdna ? GemmKind::mfma : GemmKind::simt));
@@ -184,7 +185,7 @@ TEST_CASE("gemm config choice: tensor cores only where dtype, architecture and l
   auto no_tma = codegen::gemm_tuning_candidates(problem(8192, 8192, 8192, DType::bf16, true, 90));
   CHECK(count(no_tma, GemmKind::wgmma) == 0);
   CHECK(count(no_tma, GemmKind::mma) == 12);
-  CHECK(codegen::gemm_tuning_candidates(problem(64, 64, 64, DType::f32, true, 90)).size() == 3);
+  CHECK(codegen::gemm_tuning_candidates(problem(64, 64, 64, DType::f32, true, 90)).size() == 4);
   // A forced tensor-core config on operands that cannot take it falls back to SIMT; a forced
   // wgmma on operands the copy engine cannot read, to mma.
   GemmConfig mma = codegen::gemm_candidates(DType::bf16, 80).front(), wgmma = codegen::gemm_candidates(DType::bf16, 90).front();
@@ -201,6 +202,15 @@ TEST_CASE("gemm config choice: tensor cores only where dtype, architecture and l
     CHECK(codegen::gemm_choose(problem(100, 100, 100, DType::bf16, true, 90)) == mma);
     CHECK(codegen::gemm_choose(problem(100, 100, 100, DType::bf16, false, 90)).kind == GemmKind::simt);
     CHECK(codegen::gemm_choose(problem(100, 100, 100, DType::f32, true, 90)).kind == GemmKind::simt);
+  }
+  {  // a SIMT config whose tiles of 8-byte accumulators pass 48 KB: the dtype's own choice instead
+    GemmConfig wide{GemmKind::simt, 128, 128, 16, 8, 8, 1};
+    GemmHook force(wide);
+    CHECK(codegen::gemm_choose(problem(100, 100, 100, DType::f32, false, 90)) == wide);
+    for (DType d : {DType::f64, DType::i32, DType::i64}) {
+      CHECK(codegen::gemm_simt_shared_bytes(wide, d) > 48u * 1024);
+      CHECK(codegen::gemm_choose(problem(100, 100, 100, d, false, 90)) == codegen::gemm_heuristic(problem(100, 100, 100, d, false, 90)));
+    }
   }
   CHECK(!codegen::gemm_chooser());
 }
@@ -628,7 +638,10 @@ TEST_CASE("every GEMM candidate compiles through hipRTC: MFMA on gfx908, gfx90a,
       CAPTURE(c.str());
       GemmHook force(c);
       GpuProgram p = hip_program(target, matmul(a, b), matmul(ht, hbt), matmul(f, fb), matmul(d, db));
-      for (const auto& v : p.matmuls()) CHECK(v.gemm == c);
+      const DType dtypes[] = {DType::bf16, DType::f16, DType::f32, DType::f64};
+      REQUIRE(p.matmuls().size() == 4);
+      for (size_t k = 0; k < 4; ++k)  // each that fits the static shared memory with its accumulators
+        CHECK((p.matmuls()[k].gemm == c) == (codegen::gemm_simt_shared_bytes(c, dtypes[k]) <= 48u * 1024));
       CHECK(p.src.find("kiln_mfma") == std::string::npos);
       CHECK(p.src.find("mma.sync") == std::string::npos);
       CHECK(jit::detail::is_amdgpu_code_object(jit::hiprtc_compile(p.src, "kiln_gemm", target, {})));

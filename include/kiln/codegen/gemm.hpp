@@ -152,6 +152,20 @@ inline size_t gemm_max_shared(int arch) {
   return arch == 80 || arch == 87 ? 163u * 1024 : 99u * 1024;
 }
 
+// The SIMT kind's accumulator bytes (the compute type: f32 for 16-bit dtypes, int64_t for
+// integers), its run G (the elements a thread owns side by side: 16 bytes where its rows and
+// columns hold whole runs, else 1) and its static shared memory: two buffers of A's and B's
+// K tiles, rows padded by G elements.
+inline int gemm_simt_acc_bytes(DType d) { return d == DType::f64 || d == DType::i32 || d == DType::i64 ? 8 : 4; }
+inline int gemm_simt_run(const GemmConfig& c, DType d) {
+  const int g = 16 / gemm_simt_acc_bytes(d);
+  return c.wm % g == 0 && c.wn % g == 0 ? g : 1;
+}
+inline size_t gemm_simt_shared_bytes(const GemmConfig& c, DType d) {
+  const int g = gemm_simt_run(c, d);
+  return size_t(2) * size_t(c.bk) * size_t(c.bm + g + c.bn + g) * size_t(gemm_simt_acc_bytes(d));
+}
+
 // Whether a config can compute this problem.
 inline bool gemm_fits(const GemmConfig& c, const GemmProblem& p) {
   if (c.kind == GemmKind::wgmma)
@@ -163,7 +177,7 @@ inline bool gemm_fits(const GemmConfig& c, const GemmProblem& p) {
     return p.tensor_ok && gemm_has_mma(p.dtype, p.arch, p.tf32) && gemm_shared_bytes(c, o) <= gemm_max_shared(p.arch);
   }
   if (c.kind == GemmKind::mfma) return p.tensor_ok && gemm_has_mfma(p.dtype, p.arch);
-  return true;
+  return gemm_simt_shared_bytes(c, p.dtype) <= 48u * 1024;  // static shared memory
 }
 
 // Every config a tuner may time for this dtype and architecture; of configs with the
@@ -210,7 +224,11 @@ inline std::vector<GemmConfig> gemm_candidates(DType d, int arch, bool tf32 = fa
             {K::mfma, 128, 64, 64, 64, 32, 2},  {K::mfma, 64, 128, 32, 32, 64, 2},  {K::mfma, 64, 64, 64, 32, 32, 2},
             {K::mfma, 64, 64, 32, 32, 32, 2}};
   if (d == DType::f64 || d == DType::i64) return {{K::simt, 64, 64, 16, 4, 4, 1}, {K::simt, 32, 32, 16, 2, 2, 1}};
-  return {{K::simt, 128, 128, 8, 8, 8, 1}, {K::simt, 64, 64, 16, 4, 4, 1}, {K::simt, 32, 32, 16, 2, 2, 1}};
+  std::vector<GemmConfig> simt = {{K::simt, 128, 128, 8, 8, 8, 1}, {K::simt, 64, 64, 16, 4, 4, 1}, {K::simt, 32, 32, 16, 2, 2, 1}};
+  // 4-byte accumulators (i32's are 8 bytes): two buffers of 128x16 tiles of A and B are 33 KB
+  // of the 48 KB static shared memory.
+  if (d != DType::i32) simt.insert(simt.begin() + 1, GemmConfig{K::simt, 128, 128, 16, 8, 8, 1});
+  return simt;
 }
 
 // Blocks (output tiles) a config launches for this problem.
@@ -582,8 +600,7 @@ class GemmWriter {
   // scalar reads and the fills meet no bank conflicts).
   std::string simt() const {
     std::string acc = compute(), s;
-    const int acc_bytes = d_ == DType::f64 || d_ == DType::i32 || d_ == DType::i64 ? 8 : 4;
-    const int G = c_.wm % (16 / acc_bytes) == 0 && c_.wn % (16 / acc_bytes) == 0 ? 16 / acc_bytes : 1;
+    const int G = gemm_simt_run(c_, d_);
     const std::string pad = std::to_string(G);
     s += "  constexpr int TX = BN / WN, TY = BM / WM, G = " + pad + ";\n";
     s += "  __shared__ __align__(16) " + acc + " As[2][BK][BM + " + pad + "], Bs[2][BK][BN + " + pad + "];\n";
