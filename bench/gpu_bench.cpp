@@ -200,6 +200,19 @@ static void precompile_candidates(const Tensor<DT, 2>& a, const Tensor<DT, 2>& b
   for (auto& t : threads) t.join();
 }
 
+// a @ b with each candidate of its dtype (TF32 where allowed) forced in turn, all compiled first.
+template <class DT>
+static void bench_candidates(const std::string& name, const Tensor<DT, 2>& a, const Tensor<DT, 2>& b) {
+  const auto& props = cu::cuda_device().properties();
+  const int arch = props.cc_major * 10 + props.cc_minor;
+  precompile_candidates(a, b, arch, props.sm_count);
+  for (const codegen::GemmConfig& cfg : codegen::gemm_candidates(DT::id, arch, allow_tf32())) {
+    codegen::gemm_chooser() = [cfg](const codegen::GemmProblem&) { return std::optional(cfg); };
+    bench_gemm(name + " (forced)", a, b, cfg.str());
+  }
+  codegen::gemm_chooser() = nullptr;
+}
+
 // The heuristic's config for q with `tweak` applied, where the result fits q (else as it was).
 static codegen::GemmConfig tweaked_heuristic(const codegen::GemmProblem& q, const std::function<void(codegen::GemmConfig&)>& tweak) {
   codegen::GemmConfig c = codegen::gemm_heuristic(q), t = c;
@@ -212,16 +225,7 @@ static void gemm_benches() {
   {
     Tensor<bf16, 2> a = rnd(8192, 8192, 21), b = rnd(8192, 8192, 22);
     bench_gemm("bf16 8192^3", a, b, picked_config(a, b));
-    if (std::getenv("KILN_BENCH_GEMM_SWEEP")) {  // every candidate, forced
-      const auto& props = cu::cuda_device().properties();
-      int arch = props.cc_major * 10 + props.cc_minor;
-      precompile_candidates(a, b, arch, props.sm_count);
-      for (const codegen::GemmConfig& cfg : codegen::gemm_candidates(DType::bf16, arch)) {
-        codegen::gemm_chooser() = [cfg](const codegen::GemmProblem&) { return std::optional(cfg); };
-        bench_gemm("bf16 8192^3 (forced)", a, b, cfg.str());
-      }
-      codegen::gemm_chooser() = nullptr;
-    }
+    if (std::getenv("KILN_BENCH_GEMM_SWEEP")) bench_candidates("bf16 8192^3", a, b);
   }
   {  // W4: h = x @ W1, y = h @ W2; backward dh = dy @ W2.t(), dW2 = h.t() @ dy, dx = dh @ W1.t(), dW1 = x.t() @ dh
     Tensor<bf16, 2> x = rnd(8192, 4096, 23), W1 = rnd(4096, 16384, 24), h = rnd(8192, 16384, 25), W2 = rnd(16384, 4096, 26);
@@ -294,14 +298,7 @@ static void gemm_benches() {
   {  // the SIMT path: f32 (PyTorch's default fp32 matmul is not TF32)
     Tensor<f32, 2> a = randn<f32>(Shape<2>{4096, 4096}, 28), b = randn<f32>(Shape<2>{4096, 4096}, 29);
     bench_gemm("f32 4096^3", a, b, picked_config(a, b));
-    const auto& props = cu::cuda_device().properties();
-    int arch = props.cc_major * 10 + props.cc_minor;
-    precompile_candidates(a, b, arch, props.sm_count);
-    for (const codegen::GemmConfig& cfg : codegen::gemm_candidates(DType::f32, arch)) {
-      codegen::gemm_chooser() = [cfg](const codegen::GemmProblem&) { return std::optional(cfg); };
-      bench_gemm("f32 4096^3 (forced)", a, b, cfg.str());
-    }
-    codegen::gemm_chooser() = nullptr;
+    bench_candidates("f32 4096^3", a, b);
     // TF32 allowed (torch.backends.cuda.matmul.allow_tf32 = True beside it): the heuristic's
     // config, the operands row-major and B read transposed, then every TF32 candidate.
     set_allow_tf32(true);
@@ -310,12 +307,7 @@ static void gemm_benches() {
     bench_gemm("f32 4096^3 TF32 a@b.t()", a, bt.transpose(0, 1), picked_config(a, bt.transpose(0, 1)));
     Tensor<f32, 2> a8 = randn<f32>(Shape<2>{8192, 8192}, 31), b8 = randn<f32>(Shape<2>{8192, 8192}, 32);
     bench_gemm("f32 8192^3 TF32", a8, b8, picked_config(a8, b8));
-    precompile_candidates(a, b, arch, props.sm_count);
-    for (const codegen::GemmConfig& cfg : codegen::gemm_candidates(DType::f32, arch, true)) {
-      codegen::gemm_chooser() = [cfg](const codegen::GemmProblem&) { return std::optional(cfg); };
-      bench_gemm("f32 4096^3 TF32 (forced)", a, b, cfg.str());
-    }
-    codegen::gemm_chooser() = nullptr;
+    bench_candidates("f32 4096^3 TF32", a, b);
     set_allow_tf32(false);
   }
 }
