@@ -295,6 +295,38 @@ TEST_SUITE("gpu") {
 
 namespace {
 bool on_cuda() { return runtime::CudaDeviceApi::present() && kiln::default_device().kind == DeviceKind::cuda; }
+
+// Runs the one matmul kernel of `e` through cuBLASLt on the GPU and checks its output against `want`.
+template <class E>
+void check_through_cublaslt(const E& e, const Array& want, const Array& scale, Tol t, const std::string& what) {
+  ir::Graph g = ir::trace(e);
+  auto cp = runtime::plan_for(g, Mode::fused);
+  REQUIRE(cp->plan.kernels.size() == 1);
+  runtime::Bound bound = runtime::bind_buffers(g, cp->plan);
+  runtime::KernelArgs a = runtime::bind_kernel(g, cp->plan.kernels[0], cp->layouts[0], bound);
+  auto r = runtime::cublaslt::gemm_for(g, cp->plan.kernels[0], cp->layouts[0], a);
+  REQUIRE_MESSAGE(r, what);
+  cu::CudaDevice& dev = cu::cuda_device(0);
+  REQUIRE_MESSAGE(runtime::cublaslt::run(*r, dev, dev.stream()), what);
+  check_close(runtime::output_tensor<dtype_of<E>, rank_of<E>>(g, bound, g.outputs[0]), want, t, what, &scale);
+}
+
+// x [512, 1024] @ w [1024, 768] (a transposed view) + b [768], and its float64 value and scale.
+template <class DT>
+struct LinearCase {
+  Input<DT, 2> x, w;
+  Input<DT, 1> b;
+  Array want, scale;
+  explicit LinearCase(Rng& rng)
+      : x(input<DT, 2>(rng, {512, 1024}, Layout::contiguous, Values{-2, 2})),
+        w(input<DT, 2>(rng, {1024, 768}, Layout::transposed, Values{-2, 2})),
+        b(input<DT, 1>(rng, {768}, Layout::contiguous, Values{-2, 2})) {
+    Array s;
+    want = ref::zip(ref::matmul(x.a, w.a, &s), b.a, [](double p, double q) { return p + q; });
+    scale = ref::zip(s, b.a, [](double p, double q) { return p + std::fabs(q); });
+  }
+  auto expr() const { return kiln::matmul(x.t, w.t) + b.t; }
+};
 }  // namespace
 
 TEST_CASE_TEMPLATE("cuBLASLt: x @ W, x @ W.t() + bias, batched, against float64; gelu is not its epilogue", DT, bf16, f16, f32) {
@@ -311,17 +343,7 @@ TEST_CASE_TEMPLATE("cuBLASLt: x @ W, x @ W.t() + bias, batched, against float64;
   auto x3 = input<DT, 3>(rng, {3, 65, 64}, Layout::contiguous, v), w3 = input<DT, 3>(rng, {3, 64, 40}, Layout::transposed, v);
   Tol t = tol<DT>().scaled(4);
   auto through_cublaslt = [&](const auto& e, const Array& want, const Array& scale, const std::string& what) {
-    ir::Graph g = ir::trace(e);
-    auto cp = runtime::plan_for(g, Mode::fused);
-    REQUIRE(cp->plan.kernels.size() == 1);
-    runtime::Bound bound = runtime::bind_buffers(g, cp->plan);
-    runtime::KernelArgs a = runtime::bind_kernel(g, cp->plan.kernels[0], cp->layouts[0], bound);
-    auto r = runtime::cublaslt::gemm_for(g, cp->plan.kernels[0], cp->layouts[0], a);
-    REQUIRE_MESSAGE(r, what);
-    cu::CudaDevice& dev = cu::cuda_device(0);
-    REQUIRE_MESSAGE(runtime::cublaslt::run(*r, dev, dev.stream()), what);
-    auto out = runtime::output_tensor<dtype_of<decltype(e)>, rank_of<decltype(e)>>(g, bound, g.outputs[0]);
-    check_close(out, want, t, what, &scale);
+    check_through_cublaslt(e, want, scale, t, what);
   };
   Array s1, s2, s3;
   Array m1 = ref::matmul(x.a, w.a, &s1), m2 = ref::matmul(x.a, wt.a, &s2), m3 = ref::matmul(x3.a, w3.a, &s3);
@@ -342,24 +364,20 @@ TEST_CASE("max-autotune on the GPU: each matmul tuned once, then a database hit;
   if (!on_cuda()) return;
   ScratchCache cache;
   KILN_TEST_RNG(rng);
-  Values v{-2, 2};
-  auto x = input<bf16, 2>(rng, {512, 1024}, Layout::contiguous, v), w = input<bf16, 2>(rng, {1024, 768}, Layout::transposed, v);
-  auto b = input<bf16, 1>(rng, {768}, Layout::contiguous, v);
-  Array s;
-  Array want = ref::zip(ref::matmul(x.a, w.a, &s), b.a, [](double p, double q) { return p + q; });
-  Array scale = ref::zip(s, b.a, [](double p, double q) { return p + std::fabs(q); });
+  LinearCase<bf16> lin(rng);
+  const Array &want = lin.want, &scale = lin.scale;
   Counters c0 = counters();
   auto t0 = std::chrono::steady_clock::now();
-  auto first = kiln::evaluate(Mode::max_autotune, kiln::matmul(x.t, w.t) + b.t);
+  auto first = kiln::evaluate(Mode::max_autotune, lin.expr());
   double tuning_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   CHECK(counters().tunings - c0.tunings == 1);
   check_close(first, want, tol<bf16>().scaled(4), "max-autotune x @ w + b", &scale);
   Counters c1 = counters();
-  auto again = kiln::evaluate(Mode::max_autotune, kiln::matmul(x.t, w.t) + b.t);
+  auto again = kiln::evaluate(Mode::max_autotune, lin.expr());
   CHECK(counters().tunings == c1.tunings);
   CHECK(counters().tune_db_hits > c1.tune_db_hits);
   check_close(again, want, tol<bf16>().scaled(4), "max-autotune again", &scale);
-  auto gelu_tuned = kiln::evaluate(Mode::max_autotune, kiln::gelu(kiln::matmul(x.t, w.t) + b.t));  // its own key: no cuBLASLt
+  auto gelu_tuned = kiln::evaluate(Mode::max_autotune, kiln::gelu(lin.expr()));  // its own key: no cuBLASLt
   check_close(gelu_tuned, ref::map(want, ref::gelu), tol<bf16>().scaled(4), "max-autotune gelu(x @ w + b)", &scale);
   MESSAGE("first max-autotune call (tuning, compiles included): " << tuning_s << " s");
 }
@@ -368,35 +386,22 @@ TEST_CASE("max-autotune on the GPU in TF32: an entry of its own; its pick and cu
   if (!on_cuda()) return;
   ScratchCache cache;
   KILN_TEST_RNG(rng);
-  Values v{-2, 2};
-  auto x = input<f32, 2>(rng, {512, 1024}, Layout::contiguous, v), w = input<f32, 2>(rng, {1024, 768}, Layout::transposed, v);
-  auto b = input<f32, 1>(rng, {768}, Layout::contiguous, v);
-  Array s;
-  Array want = ref::zip(ref::matmul(x.a, w.a, &s), b.a, [](double p, double q) { return p + q; });
-  Array scale = ref::zip(s, b.a, [](double p, double q) { return p + std::fabs(q); });
+  LinearCase<f32> lin(rng);
   Counters c0 = counters();
   {
     AllowTf32 on;
-    auto tuned = kiln::evaluate(Mode::max_autotune, kiln::matmul(x.t, w.t) + b.t);
+    auto tuned = kiln::evaluate(Mode::max_autotune, lin.expr());
     CHECK(counters().tunings - c0.tunings == 1);
-    check_close(tuned, want, tol_tf32().scaled(4), "max-autotune x @ w + b in TF32", &scale);
-    ir::Graph g = ir::trace(kiln::matmul(x.t, w.t) + b.t);
-    auto cp = runtime::plan_for(g, Mode::fused);
-    runtime::Bound bound = runtime::bind_buffers(g, cp->plan);
-    runtime::KernelArgs a = runtime::bind_kernel(g, cp->plan.kernels[0], cp->layouts[0], bound);
-    auto r = runtime::cublaslt::gemm_for(g, cp->plan.kernels[0], cp->layouts[0], a);
+    check_close(tuned, lin.want, tol_tf32().scaled(4), "max-autotune x @ w + b in TF32", &lin.scale);
+    auto r = cublaslt_call(lin.expr());
     REQUIRE(r);
     CHECK(r->tf32);
-    if (runtime::cublaslt::available()) {
-      cu::CudaDevice& dev = cu::cuda_device(0);
-      REQUIRE(runtime::cublaslt::run(*r, dev, dev.stream()));
-      check_close(runtime::output_tensor<f32, 2>(g, bound, g.outputs[0]), want, tol_tf32().scaled(4), "cuBLASLt in TF32", &scale);
-    }
+    if (runtime::cublaslt::available()) check_through_cublaslt(lin.expr(), lin.want, lin.scale, tol_tf32().scaled(4), "cuBLASLt in TF32");
   }
   Counters c1 = counters();
-  auto exact = kiln::evaluate(Mode::max_autotune, kiln::matmul(x.t, w.t) + b.t);  // f32 arithmetic: another entry
+  auto exact = kiln::evaluate(Mode::max_autotune, lin.expr());  // f32 arithmetic: another entry
   CHECK(counters().tunings - c1.tunings == 1);
-  check_close(exact, want, tol<f32>().scaled(4), "max-autotune x @ w + b in f32", &scale);
+  check_close(exact, lin.want, tol<f32>().scaled(4), "max-autotune x @ w + b in f32", &lin.scale);
 }
 
 }  // TEST_SUITE("gpu")
