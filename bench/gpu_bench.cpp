@@ -143,25 +143,34 @@ static Tensor<DT, R> host_view(const Tensor<DT, R>& t) {
   return Tensor<DT, R>(h, t.offset(), t.sizes(), t.strides());
 }
 
-// Times C = a @ b (views read in place), after checking 64 sampled elements against
-// float64 dot products: max |C - ref| / max |ref| (bf16 output: ~4e-3 expected).
-template <class DT>
-static void bench_gemm(const std::string& name, const Tensor<DT, 2>& a, const Tensor<DT, 2>& b, const std::string& config = "") {
-  int64_t M = a.sizes()[0], K = a.sizes()[1], N = b.sizes()[1];
-  Tensor<DT, 2> c = matmul(a, b);
-  auto ha = host_view(a), hb = host_view(b);
+// A GEMM's result c (M x N) at 64 sampled elements against float64 dot products over K of
+// a(i, k) * b(k, j): max |c - ref| / max |ref| (bf16 output: ~4e-3 expected).
+template <class DT, class A, class B>
+static double sampled_error(const Tensor<DT, 2>& c, int64_t K, A&& a, B&& b) {
+  const int64_t M = c.sizes()[0], N = c.sizes()[1];
   std::vector<double> got, ref;
   uint64_t s = 12345;
   for (int t = 0; t < 64; ++t) {
     s = s * 6364136223846793005ull + 1442695040888963407ull;
     int64_t i = int64_t((s >> 20) % uint64_t(M)), j = int64_t((s >> 40) % uint64_t(N));
     double r = 0;
-    for (int64_t k = 0; k < K; ++k) r += double(ha(i, k)) * double(hb(k, j));
+    for (int64_t k = 0; k < K; ++k) r += a(i, k) * b(k, j);
     ref.push_back(r), got.push_back(double(c(i, j)));
   }
+  return max_rel(got, ref);
+}
+
+// Times C = a @ b (views read in place), after checking sampled elements (sampled_error).
+template <class DT>
+static void bench_gemm(const std::string& name, const Tensor<DT, 2>& a, const Tensor<DT, 2>& b, const std::string& config = "") {
+  int64_t M = a.sizes()[0], K = a.sizes()[1], N = b.sizes()[1];
+  Tensor<DT, 2> c = matmul(a, b);
+  auto ha = host_view(a), hb = host_view(b);
+  const double err = sampled_error(c, K, [&](int64_t i, int64_t k) { return double(ha(i, k)); },
+                                   [&](int64_t k, int64_t j) { return double(hb(k, j)); });
   double ms = time_ms([&] { Tensor<DT, 2> o = matmul(a, b); }, 20);
   double tflops = 2.0 * double(M) * double(N) * double(K) / ms / 1e9;
-  gemm_rows.push_back({name, config, ms, tflops, max_rel(got, ref)});
+  gemm_rows.push_back({name, config, ms, tflops, err});
   std::printf("GEMM %-34s %-26s %8.3f ms  %6.1f TFLOP/s  rel.err %.1e\n", name.c_str(), config.c_str(), ms, tflops,
               gemm_rows.back().err);
   std::fflush(stdout);
@@ -211,6 +220,31 @@ static void bench_candidates(const std::string& name, const Tensor<DT, 2>& a, co
     bench_gemm(name + " (forced)", a, b, cfg.str());
   }
   codegen::gemm_chooser() = nullptr;
+}
+
+// Times matmul(f(x), b) whose operand f(x) is the matmul's prologue (sched/schedule.hpp), fused
+// and eager (f's own kernel, then the GEMM), after checking sampled elements of each against
+// float64 dot products over f_ref(x) rounded to the operand's dtype. `expr(x, b)` is the
+// expression; `name` says what f is. Prints the kernels each call launched.
+template <class DT, class XT, class E, class F>
+static void bench_prologue(const std::string& name, const Tensor<XT, 2>& x, const Tensor<DT, 2>& b, E&& expr, F&& f_ref) {
+  const int64_t M = x.sizes()[0], K = x.sizes()[1], N = b.sizes()[1];
+  auto hx = host_view(x), hb = host_view(b);
+  for (Mode mode : {Mode::fused, Mode::eager}) {
+    const double err = sampled_error(Tensor<DT, 2>(kiln::evaluate(mode, expr(x, b))), K,
+                                     [&](int64_t i, int64_t k) { return to_double<DT>(from_double<DT>(f_ref(double(hx(i, k))))); },
+                                     [&](int64_t k, int64_t j) { return double(hb(k, j)); });
+    Counters before = counters();
+    { Tensor<DT, 2> o = kiln::evaluate(mode, expr(x, b)); }
+    const uint64_t launched = counters().kernels_launched - before.kernels_launched;
+    double ms = time_ms([&] { Tensor<DT, 2> o = kiln::evaluate(mode, expr(x, b)); }, 20);
+    double tflops = 2.0 * double(M) * double(N) * double(K) / ms / 1e9;
+    const std::string row = name + (mode == Mode::eager ? " (eager)" : "");
+    gemm_rows.push_back({row, std::to_string(launched) + " kernels", ms, tflops, err});
+    std::printf("GEMM %-34s %-26s %8.3f ms  %6.1f TFLOP/s  rel.err %.1e\n", row.c_str(), gemm_rows.back().config.c_str(), ms, tflops,
+                gemm_rows.back().err);
+    std::fflush(stdout);
+  }
 }
 
 // The heuristic's config for q with `tweak` applied, where the result fits q (else as it was).
@@ -309,6 +343,15 @@ static void gemm_benches() {
     bench_gemm("f32 8192^3 TF32", a8, b8, picked_config(a8, b8));
     bench_candidates("f32 4096^3 TF32", a, b);
     set_allow_tf32(false);
+  }
+  {  // matmul prologues: on tensor cores the operand's own kernel stores it first; SIMT computes it as it loads
+    Tensor<f32, 2> x = randn<f32>(Shape<2>{8192, 4096}, 33);
+    Tensor<bf16, 2> w = rnd(4096, 4096, 34);
+    bench_prologue("prologue cast<bf16>(x f32) @ W bf16", x, w, [](const auto& p, const auto& q) { return matmul(cast<bf16>(p), q); },
+                   [](double v) { return v; });
+    Tensor<f32, 2> a = randn<f32>(Shape<2>{4096, 4096}, 35), b = randn<f32>(Shape<2>{4096, 4096}, 36);
+    bench_prologue("prologue (x * 0.5) @ W f32 4096^3", a, b, [](const auto& p, const auto& q) { return matmul(p * 0.5, q); },
+                   [](double v) { return v * 0.5; });
   }
 }
 

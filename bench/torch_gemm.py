@@ -58,6 +58,18 @@ def main():
         tf = 2.0 * p.shape[0] * p.shape[1] * q.shape[1] / ms / 1e9
         print(f"torch GEMM {name:34s} {ms:8.3f} ms  {tf:6.1f} TFLOP/s", flush=True)
         out.append({"type": "torch_gemm", "name": name, "ms": ms, "tflops": tf})
+    # gpu_bench's prologue rows: the operand computed from another tensor, eager and torch.compile'd
+    torch.backends.cuda.matmul.allow_tf32 = False
+    x32, w16 = r(8192, 4096, torch.float32), r(4096, 4096)
+    fa2, fb2 = r(4096, 4096, torch.float32), r(4096, 4096, torch.float32)
+    pro = [("prologue cast<bf16>(x f32) @ W bf16", lambda p, q: p.to(torch.bfloat16) @ q, x32, w16),
+           ("prologue (x * 0.5) @ W f32 4096^3", lambda p, q: (p * 0.5) @ q, fa2, fb2)]
+    for name, fn, p, q in pro:
+        for label, f in (("eager", fn), ("torch.compile", torch.compile(fn))):
+            ms = time_ms(lambda: f(p, q))
+            tf = 2.0 * p.shape[0] * p.shape[1] * q.shape[1] / ms / 1e9
+            print(f"torch GEMM {name} ({label}) {ms:8.3f} ms  {tf:6.1f} TFLOP/s", flush=True)
+            out.append({"type": "torch_gemm", "name": name if label == "eager" else name + " (torch.compile)", "ms": ms, "tflops": tf})
     write_jsonl(out)
 
 

@@ -46,6 +46,8 @@ class CppKernelWriter {
   std::string write() {
     if (k_.kind == sched::KernelKind::matmul) return matmul();
     std::string s = "extern \"C\" void " + name_ + "(void* const* P, const int64_t* M, const uint64_t* A) {\n";
+    // A matmul prologue's own kernel: the CPU GEMM computes the operand itself (never launched).
+    if (k_.prologue_of >= 0) return s + "  (void)P; (void)M; (void)A;\n}\n";
     s += "  const int nd = (int)M[0], no = (int)M[1];\n  const int64_t* sz = M + 2;\n  const int64_t* st = M + 2 + nd;\n";
     s += "  (void)A; (void)no;\n";
     for (size_t i = 0; i < l_.slots.size(); ++i) s += slot_decl(int(i));
@@ -276,9 +278,23 @@ class CppKernelWriter {
     auto unit_or = [&](size_t slot, const std::string& e) { return strides_.size() > slot && strides_[slot] == Stride::unit ? "1" : e; };
     std::string unit_cols;  // every slot the epilogue touches walks the columns contiguously
     for (int i : ep.store_slots()) unit_cols += (unit_cols.empty() ? "" : " && ") + std::string("est[") + std::to_string(i) + " * nd + nd - 1] == 1";
-    std::string s = "extern \"C\" void " + name_ + "(void* const* P, const int64_t* M, const uint64_t* A) {\n";
+    // Each operand from its slot, read through its reader: a prologue's function of the
+    // tensor it computes the operand from (always: the CPU GEMM packs through registers), else widened.
+    std::string s, slot[2], reader[2], type[2];
+    for (int o = 0; o < 2; ++o) {
+      const int sl = k_.prologue_slot[size_t(o)];
+      slot[o] = std::to_string(sl >= 0 ? sl : o);
+      type[o] = sl >= 0 ? storage_type(g_.nodes[size_t(l_.slots[size_t(sl)].node)].dtype) : st;
+      reader[o] = "KilnGemmRead<" + widen + ", " + acc + ">";
+      if (sl < 0) continue;
+      const std::string fn = name_ + (o ? "_pb" : "_pa");
+      s += matmul_prologue(g_, k_, l_, o, fn, "static inline");
+      s += "struct " + fn + "_read { const uint64_t* A; " + acc + " operator()(" + type[o] + " x) const { return " + fn + "(x, A); } };\n";
+      reader[o] = fn + "_read";
+    }
+    s += "extern \"C\" void " + name_ + "(void* const* P, const int64_t* M, const uint64_t* A) {\n";
     s += "  const int nd = (int)M[0];\n  const int64_t K = M[1];\n  const int64_t* sz = M + 2;\n";
-    s += "  const int64_t* sa = sz + nd; const int64_t* sb = sa + nd;\n";
+    s += "  const int64_t* sa = sz + nd * (1 + " + slot[0] + "); const int64_t* sb = sz + nd * (1 + " + slot[1] + ");\n";
     s += "  int64_t batch = 1; for (int d = 0; d + 2 < nd; ++d) batch *= sz[d];\n";
     s += "  const int64_t Mr = sz[nd - 2], N = sz[nd - 1];\n  if (batch * Mr * N == 0) return;\n";
     s += "  int64_t* oa = (int64_t*)malloc(size_t(2 * batch) * sizeof(int64_t)); int64_t* ob = oa + batch;\n";
@@ -294,8 +310,10 @@ class CppKernelWriter {
       return "#pragma omp simd\n      for (int64_t t = 0; t < n; ++t) {\n" + ep.store("i", "j + t", "row[t]", "        ", unit) + "      }\n";
     };
     s += "    if (" + (unit_cols.empty() ? std::string("true") : unit_cols) + ") {\n" + loop(true) + "    } else {\n" + loop(false) + "    }\n  };\n";
-    s += "  KilnGemm<" + st + ", " + acc + ", " + widen + "> g{batch, Mr, N, K, (const " + st + "*)P[0], oa, sa[nd - 2], " +
-         unit_or(0, "sa[nd - 1]") + ", (const " + st + "*)P[1], ob, sb[nd - 2], " + unit_or(1, "sb[nd - 1]") + ", {store, &args}};\n";
+    auto init = [&](int o) { return reader[o] + (k_.prologue_slot[size_t(o)] >= 0 ? "{A}" : "{}"); };
+    s += "  KilnGemm<" + type[0] + ", " + type[1] + ", " + acc + ", " + reader[0] + ", " + reader[1] + "> g{batch, Mr, N, K, (const " +
+         type[0] + "*)P[" + slot[0] + "], oa, sa[nd - 2], " + unit_or(size_t(std::stoi(slot[0])), "sa[nd - 1]") + ", (const " + type[1] + "*)P[" +
+         slot[1] + "], ob, sb[nd - 2], " + unit_or(size_t(std::stoi(slot[1])), "sb[nd - 1]") + ", {store, &args}, " + init(0) + ", " + init(1) + "};\n";
     return s + "  g.run();\n  free(oa);\n}\n";
   }
 

@@ -349,10 +349,20 @@ inline constexpr int kGemmGroupWidth = 4;
 using GemmGroupStore = std::function<MatmulEpilogue::Group(const std::string& row, const std::string& col, const std::string& vals,
                                                            const std::string& tag)>;
 
+// The operands a SIMT GEMM computes as it loads them (a matmul's prologue:
+// codegen/kernel.hpp's matmul_prologue): per operand (A, B), the slot of the tensor it
+// reads, that tensor's storage type and the function of one element that gives the
+// operand's value.
+struct GemmPrologue {
+  int slot[2] = {-1, -1};
+  std::string storage[2], function[2];
+  bool computes(int operand) const { return slot[operand] >= 0; }
+};
+
 class GemmWriter {
  public:
-  GemmWriter(const GemmConfig& c, const GemmOperands& o, DType d, GemmStore store)
-      : c_(c), o_(o), d_(d), store_(std::move(store)) {}
+  GemmWriter(const GemmConfig& c, const GemmOperands& o, DType d, GemmStore store, GemmPrologue pro = {})
+      : c_(c), o_(o), d_(d), store_(std::move(store)), pro_(std::move(pro)) {}
 
   // The kernel body: P, M are in scope; declares the operands and shapes, then `prelude` (the
   // epilogue's names: MatmulEpilogue::prelude), then the tile loop and the stores.
@@ -361,11 +371,15 @@ class GemmWriter {
   // What every kind begins with: the operands (A0, B0 at this batch), shapes (Mr, N, K),
   // strides, the prelude, the tile constants and this block's tile (m0, n0).
   std::string head(const std::string& prelude) const {
-    std::string st = storage(), s;
+    std::string s;
     s += "  const int nd = (int)M[0];\n  const int64_t K = M[1];\n  const int64_t* sz = M + 2;\n";
-    s += "  const int64_t* sa = sz + nd; const int64_t* sb = sa + nd;\n";
-    s += "  const " + st + "* __restrict__ A0 = (const " + st + "*)P[0]; const " + st + "* __restrict__ B0 = (const " + st +
-         "*)P[1];\n";
+    // Each operand from its slot (a prologue's: the tensor it computes the operand from).
+    for (int o = 0; o < 2; ++o) {
+      const std::string slot = std::to_string(pro_.computes(o) ? pro_.slot[o] : o), t = pro_.computes(o) ? pro_.storage[o] : storage();
+      const std::string X = o ? "B0" : "A0";
+      s += "  const int64_t* " + std::string(o ? "sb" : "sa") + " = sz + nd * (1 + " + slot + ");\n";
+      s += "  const " + t + "* __restrict__ " + X + " = (const " + t + "*)P[" + slot + "];\n";
+    }
     s += "  const int64_t Mr = sz[nd - 2], N = sz[nd - 1];\n";
     s += "  const int64_t sam = sa[nd - 2], sak = sa[nd - 1], sbk = sb[nd - 2], sbn = sb[nd - 1];\n";
     s += "  (void)sam; (void)sak; (void)sbk; (void)sbn;\n";
@@ -611,11 +625,15 @@ class GemmWriter {
     };
     auto load = [&](const std::string& r, const std::string& src, const std::string& rows, bool k_fast, const std::string& o0,
                     const std::string& oext, const std::string& ostr, const std::string& kstr) {
+      const int operand = src == "A0" ? 0 : 1;
+      auto element = [&](const std::string& e) {
+        return pro_.computes(operand) ? pro_.function[operand] + "(" + e + ", A)" : to_compute(e);
+      };
       std::string t = "#pragma unroll\n    for (int l = 0; l < (BK * " + rows + " + NT - 1) / NT; ++l) {\n";
       t += "      const int e = threadIdx.x + l * NT; " + where(rows, k_fast) + "\n";
       t += "      const int64_t o = " + o0 + " + x, k = k0 + kk;\n";
       t += "      " + r + "[l] = (e < BK * " + rows + " && o < " + oext + " && k < K) ? " +
-           to_compute(src + "[o * " + ostr + " + k * " + kstr + "]") + " : (" + acc + ")0;\n    }\n";
+           element(src + "[o * " + ostr + " + k * " + kstr + "]") + " : (" + acc + ")0;\n    }\n";
       return t;
     };
     auto store = [&](const std::string& r, const std::string& sm, const std::string& rows, bool k_fast) {
@@ -655,6 +673,7 @@ class GemmWriter {
   GemmOperands o_;
   DType d_;
   GemmStore store_;
+  GemmPrologue pro_;
 };
 
 }  // namespace kiln::codegen

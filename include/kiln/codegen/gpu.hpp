@@ -81,6 +81,12 @@ struct GpuVariant {
   int rank = 0, outer_rank = 0;
   // The argument struct ends with workspace words: split rows' partials and counters, or a
   // stream-K GEMM's slots and flags (a tile of floats and a flag per block).
+  // matmul with a prologue (sched::Kernel::prologue_slot): the GEMM computes those operands as
+  // it loads them (the SIMT kind: its loads go through registers); else it reads the operands'
+  // buffers, which their own kernels store first.
+  bool prologue = false;
+  // A prologue's own kernel whose GEMM computes the operand itself: not launched.
+  bool skip = false;
   bool workspace() const { return split || (gemm.persistent && gemm.stream_k); }
 };
 
@@ -114,6 +120,9 @@ class GpuKernelWriter {
     // resident (gpu_variant's choice: 1024, 2048 for pointwise kernels, more for some block
     // rows; GEMM tiles ask for none: their registers are the tile).
     bool mm = k_.kind == sched::KernelKind::matmul;
+    if (mm && v_.prologue)
+      for (int o = 0; o < 2; ++o)
+        if (k_.prologue_slot[size_t(o)] >= 0) s = matmul_prologue(g_, k_, l_, o, prologue_name(o), "static KILN_FN") + s;
     int threads = mm ? v_.gemm.threads() : v_.threads;
     // A GEMM in clusters of blocks names its cluster here: a plain launch then makes them.
     const bool clustered = mm && v_.gemm.kind == GemmKind::wgmma && v_.gemm.cluster > 1;
@@ -786,8 +795,16 @@ class GpuKernelWriter {
       return WgmmaWriter(v_.gemm, v_.gemm_ops, ep.dtype(), store, group).body(prelude);
     }
     if (v_.gemm.kind == GemmKind::mfma) return MfmaWriter(v_.gemm, v_.gemm_ops, ep.dtype(), store).body(prelude);
-    return GemmWriter(v_.gemm, v_.gemm_ops, ep.dtype(), store).body(prelude);
+    GemmPrologue pro;
+    if (v_.prologue) {
+      if (v_.gemm.kind != GemmKind::simt) throw Error("kiln: internal error: a matmul prologue in a " + v_.gemm.str() + " GEMM");
+      for (int o = 0; o < 2; ++o)
+        if (int slot = k_.prologue_slot[size_t(o)]; slot >= 0)
+          pro.slot[o] = slot, pro.storage[o] = stype(slot), pro.function[o] = prologue_name(o);
+    }
+    return GemmWriter(v_.gemm, v_.gemm_ops, ep.dtype(), store, pro).body(prelude);
   }
+  std::string prologue_name(int operand) const { return name_ + (operand ? "_pb" : "_pa"); }
 
   const ir::Graph& g_;
   const sched::Kernel& k_;

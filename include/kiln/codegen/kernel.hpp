@@ -362,6 +362,32 @@ class MatmulEpilogue {
   const Layout& l_;
 };
 
+// A matmul operand's prologue (Kernel::prologue_slot) as a function of one element x of
+// the tensor it reads (that tensor's storage type) and the params A: the operand's value
+// in the compute type, rounded to its dtype first, as a store of it would (so the GEMM
+// multiplies what the operand's own kernel would have stored). `qualifiers` open the
+// definition (a dialect's `static __device__ inline`).
+inline std::string matmul_prologue(const ir::Graph& g, const sched::Kernel& k, const Layout& l, int operand, const std::string& name,
+                                   const std::string& qualifiers) {
+  const int slot = k.prologue_slot[size_t(operand)];
+  const ir::Node& mm = g.nodes[size_t(k.domain)];
+  const int c = g.arg(mm, operand);
+  const DType d = g.nodes[size_t(c)].dtype, src = g.nodes[size_t(l.slots[size_t(slot)].node)].dtype;
+  Layout inner = l;  // the operand is computed here, not loaded
+  inner.slots[0].node = inner.slots[1].node = -1;
+  ValueEmitter ve(g, k, inner);
+  std::string body;
+  auto load = [&](int s) -> std::string {
+    if (s != slot) throw Error("kiln: internal error: a matmul prologue reads a second tensor");
+    return to_compute(src, "x");
+  };
+  auto index = [](int) -> std::string { throw Error("kiln: internal error: a random or iota value in a matmul prologue"); };
+  const std::string v = ve.value(c, body, "  ", load, index);
+  return qualifiers + " " + compute_type(d) + " " + name + "(const " + storage_type(src) + " x, const uint64_t* A) {\n  (void)A;\n" + body +
+         "  return " + (d == DType::bf16 || d == DType::f16 ? to_compute(d, to_storage(d, v)) : "(" + compute_type(d) + ")(" + to_storage(d, v) + ")") +
+         ";\n}\n";
+}
+
 // Each slot's place in a kernel's argument struct, per param its first word.
 inline Layout layout(const ir::Graph& g, const sched::Kernel& k) {
   Layout l;

@@ -97,7 +97,7 @@ class CpuBackend final : public Backend {
     const CompiledVariant* v = variant(g, cp, vh.digest(), args);
     const bool profile = profiling();
     for (size_t k = 0; k < kernels.size(); ++k) {
-      if (args[k].work == 0) continue;
+      if (args[k].work == 0 || kernels[k].prologue_of >= 0) continue;  // the CPU GEMM computes its prologues
       auto start = profile ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
       v->fns[k](args[k].ptrs.data(), args[k].meta.data(), args[k].words.data());
       kiln::detail::counters_state().kernels_launched.fetch_add(1, std::memory_order_relaxed);
@@ -170,7 +170,10 @@ KILN_ENGINE_API Bound run_plan(const ir::Graph& g, CompiledPlan& cp) {
   return b;
 }
 KILN_ENGINE_API std::string describe_plan(const ir::Graph& g, Mode mode) { return plan_for(g, mode)->plan.describe(g); }
-KILN_ENGINE_API size_t plan_kernel_count(const ir::Graph& g, Mode mode) { return plan_for(g, mode)->plan.kernels.size(); }
+KILN_ENGINE_API size_t plan_kernel_count(const ir::Graph& g, Mode mode) {
+  const auto& kernels = plan_for(g, mode)->plan.kernels;
+  return size_t(std::count_if(kernels.begin(), kernels.end(), [](const sched::Kernel& k) { return k.prologue_of < 0; }));
+}
 KILN_ENGINE_API sched::MemoryReport plan_memory_report(const ir::Graph& g) {
   return sched::memory_report(g, plan_for(g, Mode::fused)->plan.remat);
 }

@@ -57,6 +57,7 @@ KILN_ENGINE_API std::shared_ptr<CompiledPlan> plan_for(const ir::Graph& g, Mode 
 KILN_ENGINE_API Bound run_plan(const ir::Graph& g, CompiledPlan& cp);
 // The plan's kernels, what they compute and read (kiln::explain).
 KILN_ENGINE_API std::string describe_plan(const ir::Graph& g, Mode mode);
+// Its kernels, not counting matmul prologues' own (launched only for a GEMM that cannot compute them).
 KILN_ENGINE_API size_t plan_kernel_count(const ir::Graph& g, Mode mode);
 // What the fused plan saves for the backward and what it recomputes (kiln::explain_memory).
 KILN_ENGINE_API sched::MemoryReport plan_memory_report(const ir::Graph& g);

@@ -314,6 +314,19 @@ inline uint32_t whole_slots(const codegen::Layout& l, const KernelArgs& a) {
   return mask;
 }
 
+// Whether a matmul kernel's GEMM computes its prologue operands itself: the SIMT kind, whose
+// loads pass through registers. The tensor-core kinds' tiles arrive by cp.async or the copy
+// engine, untouched, so they read the operands' buffers, stored first by the prologues' own
+// kernels: one pass over the operand, as a GEMM on cuBLAS behind a cast kernel would.
+inline bool gemm_computes_prologue(const sched::Kernel& k, const codegen::GpuVariant& v) {
+  return (k.prologue_slot[0] >= 0 || k.prologue_slot[1] >= 0) && v.gemm.kind == codegen::GemmKind::simt;
+}
+// Marks the prologue kernels whose GEMM computes the operand itself: not launched.
+inline void skip_computed_prologues(const sched::Plan& plan, std::vector<codegen::GpuVariant>& vars) {
+  for (size_t k = 0; k < plan.kernels.size(); ++k)
+    if (int m = plan.kernels[k].prologue_of; m >= 0) vars[k].skip = vars[size_t(m)].prologue;
+}
+
 // Variant of one kernel for this call, for a device of `warp` lanes per warp
 // (wavefront), of architecture `arch` (GemmProblem::arch: the NVIDIA compute
 // capability, or codegen::gemm_amd_arch of an AMD target) with `sm_count`
@@ -328,6 +341,7 @@ inline codegen::GpuVariant gpu_variant(const ir::Graph& g, const sched::Kernel& 
     v.gemm = codegen::gemm_choose(p);
     v.gemm_ops = p.ops;
     v.epilogue_vec = vector_epilogue(g, l, a, v.strides);
+    v.prologue = gemm_computes_prologue(k, v);
     return v;
   }
   int nd = int(a.meta[0]), no = int(a.meta[1]);
@@ -536,9 +550,10 @@ inline Hash128 variant_key(const std::vector<codegen::GpuVariant>& vars) {
   for (const codegen::GpuVariant& v : vars) {
     if (!v.strides.empty()) vh.add(v.strides.data(), v.strides.size());
     const codegen::GemmConfig& gc = v.gemm;
-    int32_t w[28] = {v.vec, v.group, v.persist, v.split, v.threads, int(gc.kind), gc.bm, gc.bn, gc.bk, gc.wm, gc.wn, gc.stages,
+    int32_t w[30] = {v.vec, v.group, v.persist, v.split, v.threads, int(gc.kind), gc.bm, gc.bn, gc.bk, gc.wm, gc.wn, gc.stages,
                      gc.persistent, gc.split_epilogue, v.gemm_ops.a_k_major, v.gemm_ops.b_k_major, v.cols, v.epilogue_vec, v.vec_rows,
-                     v.resident, v.stream, v.exact, int32_t(v.whole), v.rank, v.outer_rank, gc.group, gc.stream_k, gc.cluster};
+                     v.resident, v.stream, v.exact, int32_t(v.whole), v.rank, v.outer_rank, gc.group, gc.stream_k, gc.cluster,
+                     v.prologue, v.skip};
     vh.add(w, sizeof w);
   }
   return vh.digest();
@@ -549,6 +564,7 @@ inline void choose_variants(const ir::Graph& g, const CompiledPlan& cp, GpuCall&
   const auto& kernels = cp.plan.kernels;
   c.vars.resize(kernels.size());
   for (size_t k = 0; k < kernels.size(); ++k) c.vars[k] = gpu_variant(g, kernels[k], cp.layouts[k], c.args[k], warp, arch, sm_count);
+  skip_computed_prologues(cp.plan, c.vars);
   c.key = variant_key(c.vars);
 }
 
@@ -652,7 +668,7 @@ class GpuBackend final : public Backend {
     const auto& kernels = cp.plan.kernels;
     const bool profile = profiling();
     for (size_t k = 0; k < kernels.size(); ++k) {
-      if (call.args[k].work == 0) continue;
+      if (call.args[k].work == 0 || call.vars[k].skip) continue;
       std::optional<typename Api::Timer> timer;  // KILN_PROFILE: the launch between two events
       if (profile) timer.emplace(dev.ordinal()), timer->start(dev.stream());
       if (by_library[k] && Api::library_gemm(g, kernels[k], cp.layouts[k], call.args[k], dev)) {
@@ -770,7 +786,11 @@ class GpuBackend final : public Backend {
     };
     std::vector<Tuned> tuned;
     for (size_t k = 0; k < kernels.size(); ++k) {
-      if (kernels[k].kind != sched::KernelKind::matmul || call.args[k].work == 0) continue;
+      // NOTE: a matmul with a prologue keeps the heuristic's GEMM: a candidate's time would
+      // leave out the prologue's own kernel, which the tensor-core kinds need and SIMT does not.
+      if (kernels[k].kind != sched::KernelKind::matmul || call.args[k].work == 0 || kernels[k].prologue_slot[0] >= 0 ||
+          kernels[k].prologue_slot[1] >= 0)
+        continue;
       codegen::GemmProblem p = gemm_problem(g, kernels[k], call.args[k], arch, props.sm_count);
       p.heavy_epilogue = cp.layouts[k].epilogue_heavy;
       bool library = Api::library_gemm_applies(g, kernels[k], cp.layouts[k], call.args[k]);
@@ -842,6 +862,7 @@ class GpuBackend final : public Backend {
       for (const auto& c : configs)
         if (c.str() == choice) call.vars[k].gemm = c;
     }
+    skip_computed_prologues(cp.plan, call.vars);
     call.key = variant_key(call.vars);
   }
   // Median microseconds of `launch` over a few runs after a warm-up, each run alone between

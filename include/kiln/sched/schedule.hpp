@@ -19,11 +19,17 @@
 //   matmul joins its kernel as the epilogue, computed per output element at store
 //   time (bias, activation, residual, scale, cast: gelu(x@W + b) is one kernel);
 //   the matmul itself is stored only if another kernel or the caller reads it;
+// - a matmul operand that is a pointwise function of one tensor of its shape and of
+//   scalars (x * s, a cast), read by nothing else, is the matmul's prologue: the GEMM
+//   may compute it per element as it loads it, from that tensor. Its own kernel stays in
+//   the plan (Kernel::prologue_of) for the GEMMs that cannot (tiles that arrive by a copy
+//   engine): the backend launches it only for those;
 // - matmul, concat and pad otherwise are kernels of their own; views read
 //   materialized values (so a view of a matmul never joins its epilogue); every
 //   merge is refused if it would make the kernel graph cyclic.
 #pragma once
 #include <algorithm>
+#include <array>
 #include <string>
 #include <vector>
 
@@ -51,6 +57,11 @@ struct Kernel {
   std::vector<int> loads;   // nodes read from memory (matmul: its two operands first)
   std::vector<int> params;  // nodes passed by value (scalars, pad values, rand seeds)
   std::vector<int> deps;    // kernels that must run before
+  // matmul: per operand (A, B), the slot of the tensor its prologue reads, or -1 (none).
+  std::array<int, 2> prologue_slot{-1, -1};
+  // pointwise: the matmul kernel whose operand this kernel alone stores (a prologue); a
+  // backend launches it only where that GEMM reads the operand's buffer.
+  int prologue_of = -1;
   bool row_store(const Store& s) const { return row_level_.size() && row_level_[size_t(&s - stores.data())]; }
   std::vector<uint8_t> row_level_;  // rows: per store, stored once per row
 };
@@ -156,6 +167,11 @@ class Scheduler {
     kernel_of_.assign(n, -1);
     is_output_.assign(n, 0);
     for (int o : g.outputs) is_output_[size_t(o)] = 1;
+    operand_.assign(n, 0), uses_.assign(n, 0);
+    for (const ir::Node& m : g.nodes) {
+      for (int a = 0; a < m.nargs; ++a) ++uses_[size_t(g.arg(m, a))];
+      if (m.op == Prim::matmul) operand_[size_t(g.arg(m, 0))] = operand_[size_t(g.arg(m, 1))] = 1;
+    }
   }
 
   Plan run() {
@@ -163,6 +179,7 @@ class Scheduler {
     for (size_t id = 0; id < g_.nodes.size(); ++id) place(int(id));
     for (int o : g_.outputs) place_output(o);
     for (auto& k : plan_.kernels) finish(k);
+    find_prologues();
     drop_unread_stores();
     order();
     return std::move(plan_);
@@ -360,9 +377,13 @@ class Scheduler {
   }
 
   void place_pointwise(int id) {
-    if (fuse_) {
+    // A matmul operand computed from one tensor: a kernel of its own, so that a GEMM that
+    // computes it itself can leave that kernel out (find_prologues decides).
+    const bool prologue = prologue_candidate(id);
+    if (fuse_ && !prologue) {
       for (int k = int(plan_.kernels.size()) - 1; k >= 0; --k) {
         Kernel& K = plan_.kernels[size_t(k)];
+        if (K.prologue_of != -1) continue;
         bool fits = false;
         if (K.kind == KernelKind::rows) {
           // it must actually use one of this kernel's reductions
@@ -388,8 +409,61 @@ class Scheduler {
     }
     int k = new_kernel(KernelKind::pointwise, id);
     plan_.kernels[size_t(k)].stores.push_back({id, id});
+    if (prologue) plan_.kernels[size_t(k)].prologue_of = kCandidate;
     assign(id, k);
     add_deps(k, cone_deps(id, k));
+  }
+
+  // Each matmul operand placed as a prologue candidate becomes its prologue where its
+  // kernel computes it from one tensor of its shape and scalars (no random numbers, no
+  // other tensor) and no other kernel reads it (a view of it reads its buffer): the matmul
+  // kernel then loads that tensor too, and takes the scalars as params.
+  static constexpr int kCandidate = -2;
+  // Read once, by a matmul, and computed from one input tensor (or a view of one) of its
+  // shape and scalars. NOTE: not from a value the plan computes: that value's kernel takes
+  // it as a store instead (relu(x @ W1) in GEMM 1's epilogue, not GEMM 2's prologue).
+  bool prologue_candidate(int id) {
+    if (!fuse_ || !operand_[size_t(id)] || is_output_[size_t(id)] || uses_[size_t(id)] != 1) return false;
+    int tensors = 0;
+    bool ok = true;
+    walk_cone(id, -1, [&](int b) {
+      if (node(b).op == Prim::scalar) return;
+      const bool tensor = node(b).op == Prim::input || node(b).op == Prim::view;
+      ok = ok && tensor && producers_of(b).empty() && node(b).rank == node(id).rank && same_shape(b, id);
+      ++tensors;
+    });
+    return ok && tensors == 1;
+  }
+  void find_prologues() {
+    std::vector<int> reads(g_.nodes.size(), 0);  // kernel slots that read each buffer
+    for (const Kernel& K : plan_.kernels)
+      for (int l : K.loads) {
+        int id = l;
+        while (node(id).op == Prim::view && !plan_.materialize[size_t(id)]) id = g_.arg(node(id), 0);
+        ++reads[size_t(id)];
+      }
+    for (size_t k = 0; k < plan_.kernels.size(); ++k) {
+      Kernel& K = plan_.kernels[k];
+      if (K.kind != KernelKind::matmul) continue;
+      for (int s = 0; s < 2; ++s) {
+        const int c = K.loads[size_t(s)];
+        const auto& from = producers_[size_t(c)];
+        if (from.size() != 1 || plan_.kernels[size_t(from[0])].prologue_of != kCandidate || reads[size_t(c)] != 1) continue;
+        int src = -1;
+        std::vector<int> scalars;
+        walk_cone(c, from[0], [&](int b) { (node(b).op == Prim::scalar ? scalars.push_back(b) : void(src = b)); });
+        auto add = [](std::vector<int>& v, int x) {
+          auto it = std::find(v.begin(), v.end(), x);
+          if (it == v.end()) it = v.insert(v.end(), x);
+          return int(it - v.begin());
+        };
+        K.prologue_slot[size_t(s)] = add(K.loads, src);
+        for (int p : scalars) add(K.params, p);
+        plan_.kernels[size_t(from[0])].prologue_of = int(k);
+      }
+    }
+    for (Kernel& K : plan_.kernels)
+      if (K.prologue_of == kCandidate) K.prologue_of = -1;
   }
 
   // An output that no kernel produces (a leaf returned as is) gets a copy kernel.
@@ -514,8 +588,10 @@ class Scheduler {
     for (size_t k = 0; k < n; ++k) visit(visit, int(k));
     std::vector<Kernel> sorted;
     for (int k : out) sorted.push_back(std::move(plan_.kernels[size_t(k)]));
-    for (auto& K : sorted)
+    for (auto& K : sorted) {
       for (int& d : K.deps) d = remap[size_t(d)];
+      if (K.prologue_of >= 0) K.prologue_of = remap[size_t(K.prologue_of)];
+    }
     plan_.kernels = std::move(sorted);
   }
 
@@ -526,6 +602,8 @@ class Scheduler {
   std::vector<std::vector<int>> producers_;
   std::vector<int> kernel_of_;
   std::vector<uint8_t> is_output_;
+  std::vector<uint8_t> operand_;  // per node: an operand of a matmul
+  std::vector<int> uses_;         // per node: arguments of other nodes that name it
 };
 
 }  // namespace detail
@@ -539,7 +617,8 @@ inline std::string Plan::describe(const ir::Graph& g) const {
   for (size_t i = 0; i < kernels.size(); ++i) {
     const Kernel& k = kernels[i];
     s += "kernel " + std::to_string(i) + " (" + kinds[int(k.kind)] +
-         (k.kind == KernelKind::matmul ? " %" + std::to_string(k.domain) : "") + "): stores";
+         (k.kind == KernelKind::matmul ? " %" + std::to_string(k.domain) : "") +
+         (k.prologue_of >= 0 ? ", prologue of kernel " + std::to_string(k.prologue_of) : "") + "): stores";
     for (const Store& st : k.stores) s += " %" + std::to_string(st.value) + ":" + std::string(prim_info(g.nodes[size_t(st.value)].op).name);
     if (!k.reduces.empty()) {
       s += "; reduces";
@@ -548,6 +627,8 @@ inline std::string Plan::describe(const ir::Graph& g) const {
     }
     s += "; loads";
     for (int l : k.loads) s += " %" + std::to_string(l);
+    for (int a = 0; a < 2; ++a)
+      if (k.prologue_slot[size_t(a)] >= 0) s += std::string(a ? "; B" : "; A") + " computed from %" + std::to_string(k.loads[size_t(k.prologue_slot[size_t(a)])]);
     s += "\n";
   }
   if (!g.tangents.empty()) s += memory_report(g, remat).str();

@@ -3,7 +3,7 @@
 //
 // The CPU GEMM. Pasted as text into a generated translation unit that has a matmul
 // (codegen/cpp.hpp), after the CPU math prelude (its bf16/f16 converters); gives out
-// KilnGemm<T, Acc, W>, which computes, for every batch element b, C[b] = A[b] @ B[b] and
+// KilnGemm<TA, TB, Acc, RA, RB>, which computes, for every batch element b, C[b] = A[b] @ B[b] and
 // hands each finished row piece of C to the caller's store (the one place where an
 // output element is written, so a fused epilogue runs once per element, after the
 // whole K sum). It needs C++17, <cstdint>, <cstring>, <cstdlib> and GCC/clang vector
@@ -127,6 +127,14 @@ static inline Acc kiln_gemm_widen(T x) {
   else return Acc(x);
 }
 
+// How an operand's elements read: widened from storage (W as kiln_gemm_widen), or a
+// matmul prologue's function of the element and the kernel's params (codegen/cpp.hpp).
+template <int W, class Acc>
+struct KilnGemmRead {
+  template <class T>
+  Acc operator()(T x) const { return kiln_gemm_widen<W, Acc>(x); }
+};
+
 // The caller's store: fn(ctx, b, i, j, n, v) writes C[b][i][j .. j+n) from v[0 .. n).
 // NOTE: a function pointer, not a template parameter, so that every kernel of a
 // translation unit shares one instantiation per dtype (compile time).
@@ -137,40 +145,43 @@ struct KilnGemmStore {
 };
 
 // C[b] = A[b] @ B[b] for b < batch: A[b] at A + oa[b] (M x K, strides sam, sak), B[b]
-// at B + ob[b] (K x N, strides sbk, sbn); each element of C leaves once, through store.
-template <class T, class Acc, int W>
+// at B + ob[b] (K x N, strides sbk, sbn), their elements read through ra and rb; each
+// element of C leaves once, through store.
+template <class TA, class TB, class Acc, class RA, class RB>
 struct KilnGemm {
   typedef KilnGemmTile<Acc> S;
   static constexpr int MR = S::mr, NR = S::nr;
   int64_t batch, M, N, K;
-  const T* A;
+  const TA* A;
   const int64_t* oa;
   int64_t sam, sak;
-  const T* B;
+  const TB* B;
   const int64_t* ob;
   int64_t sbk, sbn;
   KilnGemmStore<Acc> store;
+  RA ra;
+  RB rb;
   int64_t KC = KILN_GEMM_KC, MC = 0, NC = 0, mblocks = 0;
 
   // Packs B[b][:, j0 .. j0+NR) (all of K) into the micro-panel dst[k][NR], zero-padded.
   __attribute__((noinline)) void pack_b(int64_t b, int64_t j0, Acc* __restrict dst) const {
-    const T* src = B + ob[b];
+    const TB* src = B + ob[b];
     const int64_t nr = N - j0 < NR ? N - j0 : NR;
     if (nr == NR && sbn == 1) {
       for (int64_t k = 0; k < K; ++k) {
-        const T* row = src + k * sbk + j0;
+        const TB* row = src + k * sbk + j0;
 #pragma omp simd
-        for (int j = 0; j < NR; ++j) dst[k * NR + j] = kiln_gemm_widen<W, Acc>(row[j]);
+        for (int j = 0; j < NR; ++j) dst[k * NR + j] = rb(row[j]);
       }
     } else if (nr == NR) {  // B read through a transposed view: vector gathers, no per-element test
       for (int64_t k = 0; k < K; ++k) {
-        const T* col = src + k * sbk + j0 * sbn;
+        const TB* col = src + k * sbk + j0 * sbn;
 #pragma omp simd
-        for (int j = 0; j < NR; ++j) dst[k * NR + j] = kiln_gemm_widen<W, Acc>(col[j * sbn]);
+        for (int j = 0; j < NR; ++j) dst[k * NR + j] = rb(col[j * sbn]);
       }
     } else {
       for (int64_t k = 0; k < K; ++k)
-        for (int j = 0; j < NR; ++j) dst[k * NR + j] = j < nr ? kiln_gemm_widen<W, Acc>(src[k * sbk + (j0 + j) * sbn]) : Acc(0);
+        for (int j = 0; j < NR; ++j) dst[k * NR + j] = j < nr ? rb(src[k * sbk + (j0 + j) * sbn]) : Acc(0);
     }
   }
 
@@ -178,17 +189,17 @@ struct KilnGemm {
   void pack_a(int64_t b, int64_t i0, int64_t mc, int64_t k0, int64_t kc, Acc* __restrict dst) const {
     for (int64_t p = 0; p * MR < mc; ++p, dst += kc * MR) {
       const int64_t mr = mc - p * MR < MR ? mc - p * MR : MR;
-      const T* src = A + oa[b] + (i0 + p * MR) * sam + k0 * sak;
+      const TA* src = A + oa[b] + (i0 + p * MR) * sam + k0 * sak;
       if (mr == MR && sak == 1) {
         for (int i = 0; i < MR; ++i)
-          for (int64_t k = 0; k < kc; ++k) dst[k * MR + i] = kiln_gemm_widen<W, Acc>(src[i * sam + k]);
+          for (int64_t k = 0; k < kc; ++k) dst[k * MR + i] = ra(src[i * sam + k]);
       } else if (mr == MR && sam == 1) {
         for (int64_t k = 0; k < kc; ++k)
 #pragma omp simd
-          for (int i = 0; i < MR; ++i) dst[k * MR + i] = kiln_gemm_widen<W, Acc>(src[k * sak + i]);
+          for (int i = 0; i < MR; ++i) dst[k * MR + i] = ra(src[k * sak + i]);
       } else {
         for (int64_t k = 0; k < kc; ++k)
-          for (int i = 0; i < MR; ++i) dst[k * MR + i] = i < mr ? kiln_gemm_widen<W, Acc>(src[i * sam + k * sak]) : Acc(0);
+          for (int i = 0; i < MR; ++i) dst[k * MR + i] = i < mr ? ra(src[i * sam + k * sak]) : Acc(0);
       }
     }
   }
