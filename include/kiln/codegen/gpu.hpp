@@ -796,6 +796,7 @@ class GpuKernelWriter {
     }
     if (v_.gemm.kind == GemmKind::mfma) return MfmaWriter(v_.gemm, v_.gemm_ops, ep.dtype(), store).body(prelude);
     GemmPrologue pro;
+    pro.words = l_.words;
     if (v_.prologue) {
       if (v_.gemm.kind != GemmKind::simt) throw Error("kiln: internal error: a matmul prologue in a " + v_.gemm.str() + " GEMM");
       for (int o = 0; o < 2; ++o)
