@@ -254,6 +254,25 @@ static codegen::GemmConfig tweaked_heuristic(const codegen::GemmProblem& q, cons
   return codegen::gemm_fits(t, q) ? t : c;
 }
 
+// Matmul prologues: on tensor cores the operand's own kernel stores it first; SIMT computes it as it loads.
+static void prologue_benches() {
+  auto rnd = [](int64_t r, int64_t c, uint64_t seed) { return Tensor<bf16, 2>(cast<bf16>(randn<f32>(Shape<2>{r, c}, seed))); };
+  Tensor<f32, 2> x = randn<f32>(Shape<2>{8192, 4096}, 33);
+  Tensor<bf16, 2> w = rnd(4096, 4096, 34);
+  bench_prologue("prologue cast<bf16>(x f32) @ W bf16", x, w, [](const auto& p, const auto& q) { return matmul(cast<bf16>(p), q); },
+                 [](double v) { return v; });
+  Tensor<f32, 2> a = randn<f32>(Shape<2>{4096, 4096}, 35), b = randn<f32>(Shape<2>{4096, 4096}, 36);
+  bench_prologue("prologue (x * 0.5) @ W f32 4096^3", a, b, [](const auto& p, const auto& q) { return matmul(p * 0.5, q); },
+                 [](double v) { return v * 0.5; });
+  if (std::getenv("KILN_BENCH_PROLOGUE_MORE")) {  // probes: no scalar; the plain GEMM between
+    bench_gemm("f32 4096^3", a, b, picked_config(a, b));
+    bench_prologue("prologue (-x) @ W f32 4096^3", a, b, [](const auto& p, const auto& q) { return matmul(-p, q); },
+                   [](double v) { return -v; });
+    bench_prologue("prologue (x * 0.5) @ W f32 4096^3 again", a, b, [](const auto& p, const auto& q) { return matmul(p * 0.5, q); },
+                   [](double v) { return v * 0.5; });
+  }
+}
+
 static void gemm_benches() {
   auto rnd = [](int64_t r, int64_t c, uint64_t seed) { return Tensor<bf16, 2>(cast<bf16>(randn<f32>(Shape<2>{r, c}, seed))); };
   {
@@ -344,15 +363,7 @@ static void gemm_benches() {
     bench_candidates("f32 4096^3 TF32", a, b);
     set_allow_tf32(false);
   }
-  {  // matmul prologues: on tensor cores the operand's own kernel stores it first; SIMT computes it as it loads
-    Tensor<f32, 2> x = randn<f32>(Shape<2>{8192, 4096}, 33);
-    Tensor<bf16, 2> w = rnd(4096, 4096, 34);
-    bench_prologue("prologue cast<bf16>(x f32) @ W bf16", x, w, [](const auto& p, const auto& q) { return matmul(cast<bf16>(p), q); },
-                   [](double v) { return v; });
-    Tensor<f32, 2> a = randn<f32>(Shape<2>{4096, 4096}, 35), b = randn<f32>(Shape<2>{4096, 4096}, 36);
-    bench_prologue("prologue (x * 0.5) @ W f32 4096^3", a, b, [](const auto& p, const auto& q) { return matmul(p * 0.5, q); },
-                   [](double v) { return v * 0.5; });
-  }
+  prologue_benches();
 }
 
 // ---- W4: the MLP training step (forward + backward), bf16; gives its JSON line ----
@@ -550,6 +561,7 @@ int main(int argc, char** argv) {
   const char* only = std::getenv("KILN_BENCH_ONLY");
   bool all = !only || !*only;
   if (all || std::string(only) == "gemm") gemm_benches();
+  if (!all && std::string(only) == "prologue") prologue_benches();  // KILN_BENCH_ONLY=prologue: those rows alone
   // KILN_BENCH_ONLY=w4: the W4 training step alone.
   std::string w4_only = !all && std::string(only) == "w4" ? w4_step_bench() : "";
   // KILN_BENCH_ONLY=rows: the copy ceiling and the memory-bound rows (W1, W2, W3, W8, split rows, the W4
