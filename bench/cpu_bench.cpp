@@ -520,6 +520,7 @@ struct GemmCase {
   bool ta, tb;  // operand stored transposed (read through a transposed view / CblasTrans)
   int dtype;    // 0: f32, 1: f64, 2: bf16 (OpenBLAS: sgemm on the same values in f32)
   bool epilogue = false;  // gelu(A @ B + bias), the W4 forward layer
+  bool prologue = false;  // (A * 0.5) @ B: A's prologue (OpenBLAS: alpha = 0.5)
 };
 
 struct GemmRow {
@@ -549,6 +550,7 @@ GemmRow bench_gemm(const GemmCase& c, const Options& o, Flusher& flush) {
     double acc = 0;
     for (int64_t k = 0; k < K; ++k) acc += a_at(si[s], k) * b_at(k, sj[s]);
     if (c.epilogue) acc += hbias[size_t(sj[s])], acc = 0.5 * acc * (1 + std::erf(acc / std::sqrt(2.0)));
+    if (c.prologue) acc *= 0.5;  // exact: every 0.5 * a is
     ref[s] = acc;
   }
   auto sample = [si, sj, N](const auto* p, auto conv) {
@@ -575,6 +577,11 @@ GemmRow bench_gemm(const GemmCase& c, const Options& o, Flusher& flush) {
     auto fused = kiln::compile(fn), eager = kiln::compile(fn, kiln::Mode::eager);
     v.push_back({"kiln compiled (fused)", flops, [=] { *ky = fused(a, b, bias); }, [=] { return sample(ky->host_data(), conv); }});
     v.push_back({"kiln eager", flops, [=] { *ey = eager(a, b, bias); }, [=] { return sample(ey->host_data(), conv); }});
+  } else if (c.prologue) {
+    auto fn = [](const auto& x, const auto& y) { return kiln::matmul(x * 0.5, y); };  // row-major operands (ta, tb unset)
+    auto fused = kiln::compile(fn), eager = kiln::compile(fn, kiln::Mode::eager);
+    v.push_back({"kiln compiled (fused)", flops, [=] { *ky = fused(a, b); }, [=] { return sample(ky->host_data(), conv); }});
+    v.push_back({"kiln eager", flops, [=] { *ey = eager(a, b); }, [=] { return sample(ey->host_data(), conv); }});
   } else {
     auto fused = kiln::compile(mm), eager = kiln::compile(mm, kiln::Mode::eager);
     v.push_back({"kiln compiled (fused)", flops, [=] { *ky = fused(a, b); }, [=] { return sample(ky->host_data(), conv); }});
@@ -606,9 +613,10 @@ GemmRow bench_gemm(const GemmCase& c, const Options& o, Flusher& flush) {
       cblas_dgemm(CblasRowMajor, opa, opb, int(M), int(N), int(K), 1.0, da->data(), lda, db->data(), ldb, 0.0, y, int(N));
     });
   } else {
+    const float alpha = c.prologue ? 0.5f : 1.0f;
     add_blas(float{}, c.dtype == 2 ? "OpenBLAS cblas_sgemm (f32)" : epi ? "OpenBLAS cblas_sgemm + loop" : "OpenBLAS cblas_sgemm",
              [=, pa = ha.data(), pb = hb.data(), pbias = hbias.data()](float* y) {
-               cblas_sgemm(CblasRowMajor, opa, opb, int(M), int(N), int(K), 1.0f, pa, lda, pb, ldb, 0.0f, y, int(N));
+               cblas_sgemm(CblasRowMajor, opa, opb, int(M), int(N), int(K), alpha, pa, lda, pb, ldb, 0.0f, y, int(N));
                if (epi) {
 #pragma omp parallel for schedule(static)
                  for (int64_t i = 0; i < M; ++i)
@@ -953,6 +961,8 @@ int main(int argc, char** argv) {
         {"W4/4 h^T@dy f32 4096x2048x1024 (A^T)", 4096, 2048, 1024, true, false, 0},
         {"W4/4 x@W1 bf16 2048x1024x4096", 2048, 1024, 4096, false, false, 2},
         {"f64 1024^3", 1024, 1024, 1024, false, false, 1},
+        {"f32 (x * 0.5) @ W 2048x1024x4096 (prologue)", 2048, 1024, 4096, false, false, 0, false, true},
+        {"f32 (x * 0.5) @ W 32x256x256 (prologue)", 32, 256, 256, false, false, 0, false, true},
     };
     for (const auto& c : cases) {
       gemm.push_back(c.dtype == 1 ? bench_gemm<kiln::f64>(c, o, flush)

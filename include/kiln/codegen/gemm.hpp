@@ -654,7 +654,8 @@ class GemmWriter {
       return t + "      if (e < BK * " + rows + ") " + sm + "[b][kk][x] = " + v + ";\n    }\n";
     };
     // The prologues' scalars in registers: read through A in the loop, they were loaded (and
-    // converted from double) at every element, as A might alias the shared tiles.
+    // converted from double) at every element, as A might alias the shared tiles (on an H200
+    // (x * 0.5) @ W, f32 4096^3, took 7.39 ms so, 6.68 ms with the copy).
     if ((pro_.computes(0) || pro_.computes(1)) && pro_.words)
       s += "  uint64_t Aw[" + std::to_string(pro_.words) + "];\n#pragma unroll\n  for (int i = 0; i < " + std::to_string(pro_.words) +
            "; ++i) Aw[i] = A[i];\n";

@@ -79,14 +79,14 @@ struct GpuVariant {
   // unroll instead of looping over a run-time rank. NOTE: bf16 x * w + b went from 50 to 34
   // registers, the sum over 2 dims of the W4 loss from 64 with spills to 48 (ptxas, sm_90).
   int rank = 0, outer_rank = 0;
-  // The argument struct ends with workspace words: split rows' partials and counters, or a
-  // stream-K GEMM's slots and flags (a tile of floats and a flag per block).
   // matmul with a prologue (sched::Kernel::prologue_slot): the GEMM computes those operands as
   // it loads them (the SIMT kind: its loads go through registers); else it reads the operands'
   // buffers, which their own kernels store first.
   bool prologue = false;
   // A prologue's own kernel whose GEMM computes the operand itself: not launched.
   bool skip = false;
+  // The argument struct ends with workspace words: split rows' partials and counters, or a
+  // stream-K GEMM's slots and flags (a tile of floats and a flag per block).
   bool workspace() const { return split || (gemm.persistent && gemm.stream_k); }
 };
 
