@@ -280,10 +280,11 @@ class CppKernelWriter {
     for (int i : ep.store_slots()) unit_cols += (unit_cols.empty() ? "" : " && ") + std::string("est[") + std::to_string(i) + " * nd + nd - 1] == 1";
     // Each operand from its slot, read through its reader: a prologue's function of the
     // tensor it computes the operand from (always: the CPU GEMM packs through registers), else widened.
-    std::string s, slot[2], reader[2], type[2];
+    std::string s, reader[2], type[2];
+    int slot[2];
     for (int o = 0; o < 2; ++o) {
       const int sl = k_.prologue_slot[size_t(o)];
-      slot[o] = std::to_string(sl >= 0 ? sl : o);
+      slot[o] = sl >= 0 ? sl : o;
       type[o] = sl >= 0 ? storage_type(g_.nodes[size_t(l_.slots[size_t(sl)].node)].dtype) : st;
       reader[o] = "KilnGemmRead<" + widen + ", " + acc + ">";
       if (sl < 0) continue;
@@ -294,7 +295,8 @@ class CppKernelWriter {
     }
     s += "extern \"C\" void " + name_ + "(void* const* P, const int64_t* M, const uint64_t* A) {\n";
     s += "  const int nd = (int)M[0];\n  const int64_t K = M[1];\n  const int64_t* sz = M + 2;\n";
-    s += "  const int64_t* sa = sz + nd * (1 + " + slot[0] + "); const int64_t* sb = sz + nd * (1 + " + slot[1] + ");\n";
+    const std::string sa = std::to_string(slot[0]), sb = std::to_string(slot[1]);
+    s += "  const int64_t* sa = sz + nd * (1 + " + sa + "); const int64_t* sb = sz + nd * (1 + " + sb + ");\n";
     s += "  int64_t batch = 1; for (int d = 0; d + 2 < nd; ++d) batch *= sz[d];\n";
     s += "  const int64_t Mr = sz[nd - 2], N = sz[nd - 1];\n  if (batch * Mr * N == 0) return;\n";
     s += "  int64_t* oa = (int64_t*)malloc(size_t(2 * batch) * sizeof(int64_t)); int64_t* ob = oa + batch;\n";
@@ -312,8 +314,8 @@ class CppKernelWriter {
     s += "    if (" + (unit_cols.empty() ? std::string("true") : unit_cols) + ") {\n" + loop(true) + "    } else {\n" + loop(false) + "    }\n  };\n";
     auto init = [&](int o) { return reader[o] + (k_.prologue_slot[size_t(o)] >= 0 ? "{A}" : "{}"); };
     s += "  KilnGemm<" + type[0] + ", " + type[1] + ", " + acc + ", " + reader[0] + ", " + reader[1] + "> g{batch, Mr, N, K, (const " +
-         type[0] + "*)P[" + slot[0] + "], oa, sa[nd - 2], " + unit_or(size_t(std::stoi(slot[0])), "sa[nd - 1]") + ", (const " + type[1] + "*)P[" +
-         slot[1] + "], ob, sb[nd - 2], " + unit_or(size_t(std::stoi(slot[1])), "sb[nd - 1]") + ", {store, &args}, " + init(0) + ", " + init(1) + "};\n";
+         type[0] + "*)P[" + sa + "], oa, sa[nd - 2], " + unit_or(size_t(slot[0]), "sa[nd - 1]") + ", (const " + type[1] + "*)P[" + sb +
+         "], ob, sb[nd - 2], " + unit_or(size_t(slot[1]), "sb[nd - 1]") + ", {store, &args}, " + init(0) + ", " + init(1) + "};\n";
     return s + "  g.run();\n  free(oa);\n}\n";
   }
 

@@ -358,6 +358,7 @@ struct GemmPrologue {
   std::string storage[2], function[2];
   int words = 0;  // the kernel's param words (the functions' scalars among them)
   bool computes(int operand) const { return slot[operand] >= 0; }
+  bool any() const { return computes(0) || computes(1); }
 };
 
 class GemmWriter {
@@ -630,42 +631,42 @@ class GemmWriter {
     // H200 (x * 0.5) @ W, f32 4096^3, ran at 20.6 TFLOP/s so, against 31.4 for the plain GEMM).
     // Elements past M, N or K load zeros; a prologue, whose f(0) need not be 0, keeps which
     // were loaded in a mask (bit l).
+    // Per operand (0: A, 1: B): its registers r<a|b>, its tile and its rows.
     auto raw_type = [&](int operand) { return pro_.computes(operand) ? pro_.storage[operand] : storage(); };
-    auto load = [&](const std::string& r, const std::string& src, const std::string& rows, bool k_fast, const std::string& o0,
-                    const std::string& oext, const std::string& ostr, const std::string& kstr) {
-      const int operand = src == "A0" ? 0 : 1;
-      const bool mask = pro_.computes(operand);
+    const std::string params = pro_.words ? "Aw" : "A";
+    auto load = [&](int operand) {
+      const std::string r = operand ? "rb" : "ra", rows = operand ? "BN" : "BM";
+      const bool k_fast = operand ? o_.b_k_major : o_.a_k_major, mask = pro_.computes(operand);
       std::string t = mask ? "    v" + r + " = 0;\n" : "";
       t += "#pragma unroll\n    for (int l = 0; l < (BK * " + rows + " + NT - 1) / NT; ++l) {\n";
       t += "      const int e = threadIdx.x + l * NT; " + where(rows, k_fast) + "\n";
-      t += "      const int64_t o = " + o0 + " + x, k = k0 + kk;\n";
-      t += "      const bool in = e < BK * " + rows + " && o < " + oext + " && k < K;\n";
-      t += "      " + r + "[l] = in ? " + src + "[o * " + ostr + " + k * " + kstr + "] : (" + raw_type(operand) + ")0;\n";
+      t += std::string("      const int64_t o = ") + (operand ? "n0" : "m0") + " + x, k = k0 + kk;\n";
+      t += "      const bool in = e < BK * " + rows + " && o < " + (operand ? "N" : "Mr") + " && k < K;\n";
+      t += "      " + r + "[l] = in ? " + (operand ? "B0[o * sbn + k * sbk]" : "A0[o * sam + k * sak]") + " : (" + raw_type(operand) + ")0;\n";
       if (mask) t += "      v" + r + " |= (uint32_t)in << l;\n";
       return t + "    }\n";
     };
-    auto store = [&](const std::string& r, const std::string& sm, const std::string& rows, bool k_fast) {
-      const int operand = r == "ra" ? 0 : 1;
-      const std::string v = pro_.computes(operand) ? "(v" + r + " >> l & 1u) ? " + pro_.function[operand] + "(" + r + "[l], " +
-                                                         (pro_.words ? "Aw" : "A") + ") : (" + acc + ")0"
+    auto store = [&](int operand) {
+      const std::string r = operand ? "rb" : "ra", rows = operand ? "BN" : "BM";
+      const std::string v = pro_.computes(operand) ? "(v" + r + " >> l & 1u) ? " + pro_.function[operand] + "(" + r + "[l], " + params +
+                                                         ") : (" + acc + ")0"
                                                    : to_compute(r + "[l]");
       std::string t = "#pragma unroll\n    for (int l = 0; l < (BK * " + rows + " + NT - 1) / NT; ++l) {\n";
-      t += "      const int e = threadIdx.x + l * NT; " + where(rows, k_fast) + "\n";
-      return t + "      if (e < BK * " + rows + ") " + sm + "[b][kk][x] = " + v + ";\n    }\n";
+      t += "      const int e = threadIdx.x + l * NT; " + where(rows, operand ? o_.b_k_major : o_.a_k_major) + "\n";
+      return t + "      if (e < BK * " + rows + ") " + (operand ? "Bs" : "As") + "[b][kk][x] = " + v + ";\n    }\n";
     };
     // The prologues' scalars in registers: read through A in the loop, they were loaded (and
     // converted from double) at every element, as A might alias the shared tiles (on an H200
     // (x * 0.5) @ W, f32 4096^3, took 7.39 ms so, 6.68 ms with the copy).
-    if ((pro_.computes(0) || pro_.computes(1)) && pro_.words)
+    if (pro_.any() && pro_.words)
       s += "  uint64_t Aw[" + std::to_string(pro_.words) + "];\n#pragma unroll\n  for (int i = 0; i < " + std::to_string(pro_.words) +
            "; ++i) Aw[i] = A[i];\n";
-    if ((c_.bk * std::max(c_.bm, c_.bn) + c_.threads() - 1) / c_.threads() > 32 && (pro_.computes(0) || pro_.computes(1)))
+    if ((c_.bk * std::max(c_.bm, c_.bn) + c_.threads() - 1) / c_.threads() > 32 && pro_.any())
       throw Error("kiln: GEMM config " + c_.str() + ": more than 32 elements a thread per tile for a prologue's mask");
     s += "  " + raw_type(0) + " ra[(BK * BM + NT - 1) / NT];\n  " + raw_type(1) + " rb[(BK * BN + NT - 1) / NT];\n";
     s += "  uint32_t vra = 0, vrb = 0; (void)vra; (void)vrb;\n";
-    s += "  auto load = [&](int64_t k0) {\n" + load("ra", "A0", "BM", o_.a_k_major, "m0", "Mr", "sam", "sak") +
-         load("rb", "B0", "BN", o_.b_k_major, "n0", "N", "sbn", "sbk") + "  };\n";
-    s += "  auto store = [&](int b) {\n" + store("ra", "As", "BM", o_.a_k_major) + store("rb", "Bs", "BN", o_.b_k_major) + "  };\n";
+    s += "  auto load = [&](int64_t k0) {\n" + load(0) + load(1) + "  };\n";
+    s += "  auto store = [&](int b) {\n" + store(0) + store(1) + "  };\n";
     s += "  load(0);\n  store(0);\n  __syncthreads();\n  int cur = 0;\n";
     s += "  for (int64_t k0 = 0; k0 < K; k0 += BK) {\n";
     s += "    const bool more = k0 + BK < K;\n    if (more) load(k0 + BK);\n";

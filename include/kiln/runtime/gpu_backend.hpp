@@ -319,7 +319,7 @@ inline uint32_t whole_slots(const codegen::Layout& l, const KernelArgs& a) {
 // engine, untouched, so they read the operands' buffers, stored first by the prologues' own
 // kernels: one pass over the operand, as a GEMM on cuBLAS behind a cast kernel would.
 inline bool gemm_computes_prologue(const sched::Kernel& k, const codegen::GpuVariant& v) {
-  return (k.prologue_slot[0] >= 0 || k.prologue_slot[1] >= 0) && v.gemm.kind == codegen::GemmKind::simt;
+  return k.has_prologue() && v.gemm.kind == codegen::GemmKind::simt;
 }
 // Marks the prologue kernels whose GEMM computes the operand itself: not launched.
 inline void skip_computed_prologues(const sched::Plan& plan, std::vector<codegen::GpuVariant>& vars) {
@@ -788,9 +788,7 @@ class GpuBackend final : public Backend {
     for (size_t k = 0; k < kernels.size(); ++k) {
       // NOTE: a matmul with a prologue keeps the heuristic's GEMM: a candidate's time would
       // leave out the prologue's own kernel, which the tensor-core kinds need and SIMT does not.
-      if (kernels[k].kind != sched::KernelKind::matmul || call.args[k].work == 0 || kernels[k].prologue_slot[0] >= 0 ||
-          kernels[k].prologue_slot[1] >= 0)
-        continue;
+      if (kernels[k].kind != sched::KernelKind::matmul || call.args[k].work == 0 || kernels[k].has_prologue()) continue;
       codegen::GemmProblem p = gemm_problem(g, kernels[k], call.args[k], arch, props.sm_count);
       p.heavy_epilogue = cp.layouts[k].epilogue_heavy;
       bool library = Api::library_gemm_applies(g, kernels[k], cp.layouts[k], call.args[k]);

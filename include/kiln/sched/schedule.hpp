@@ -62,6 +62,7 @@ struct Kernel {
   // pointwise: the matmul kernel whose operand this kernel alone stores (a prologue); a
   // backend launches it only where that GEMM reads the operand's buffer.
   int prologue_of = -1;
+  bool has_prologue() const { return prologue_slot[0] >= 0 || prologue_slot[1] >= 0; }
   bool row_store(const Store& s) const { return row_level_.size() && row_level_[size_t(&s - stores.data())]; }
   std::vector<uint8_t> row_level_;  // rows: per store, stored once per row
 };
@@ -74,6 +75,13 @@ struct Plan {
 };
 
 namespace detail {
+
+// x's index in v, appended first if absent (a kernel's loads and params: each once).
+inline int index_of_added(std::vector<int>& v, int x) {
+  auto it = std::find(v.begin(), v.end(), x);
+  if (it == v.end()) it = v.insert(v.end(), x);
+  return int(it - v.begin());
+}
 
 struct SymShapes {
   std::vector<int> parent{0};
@@ -452,13 +460,8 @@ class Scheduler {
         int src = -1;
         std::vector<int> scalars;
         walk_cone(c, from[0], [&](int b) { (node(b).op == Prim::scalar ? scalars.push_back(b) : void(src = b)); });
-        auto add = [](std::vector<int>& v, int x) {
-          auto it = std::find(v.begin(), v.end(), x);
-          if (it == v.end()) it = v.insert(v.end(), x);
-          return int(it - v.begin());
-        };
-        K.prologue_slot[size_t(s)] = add(K.loads, src);
-        for (int p : scalars) add(K.params, p);
+        K.prologue_slot[size_t(s)] = index_of_added(K.loads, src);
+        for (int p : scalars) index_of_added(K.params, p);
         plan_.kernels[size_t(from[0])].prologue_of = int(k);
       }
     }
@@ -478,13 +481,10 @@ class Scheduler {
   // Loads, params and the pass of each reduction.
   void finish(Kernel& K) {
     int k = int(&K - plan_.kernels.data());
-    auto add_unique = [](std::vector<int>& v, int x) {
-      if (std::find(v.begin(), v.end(), x) == v.end()) v.push_back(x);
-    };
     auto boundary = [&](int b) {
       bool in_memory = node(b).op == Prim::input || node(b).op == Prim::view ||
                        (plan_.materialize[size_t(b)] && kernel_of_[size_t(b)] != k);
-      add_unique(in_memory ? K.loads : K.params, b);  // scalars and rand seeds travel by value
+      index_of_added(in_memory ? K.loads : K.params, b);  // scalars and rand seeds travel by value
     };
     if (K.kind == KernelKind::matmul) {
       const ir::Node& n = node(K.domain);
@@ -493,7 +493,7 @@ class Scheduler {
     for (const Store& s : K.stores) {
       if (s.value == K.domain && K.kind == KernelKind::matmul) continue;
       if (node(s.value).op == Prim::pad && s.value == s.buffer) {
-        add_unique(K.params, s.value);  // the fill kernel stores the pad value
+        index_of_added(K.params, s.value);  // the fill kernel stores the pad value
         continue;
       }
       if (is_leaf(s.value) || (is_load(s.value) && kernel_of_[size_t(s.value)] != k)) boundary(s.value);
