@@ -256,9 +256,8 @@ static codegen::GemmConfig tweaked_heuristic(const codegen::GemmProblem& q, cons
 
 // Matmul prologues: on tensor cores the operand's own kernel stores it first; SIMT computes it as it loads.
 static void prologue_benches() {
-  auto rnd = [](int64_t r, int64_t c, uint64_t seed) { return Tensor<bf16, 2>(cast<bf16>(randn<f32>(Shape<2>{r, c}, seed))); };
   Tensor<f32, 2> x = randn<f32>(Shape<2>{8192, 4096}, 33);
-  Tensor<bf16, 2> w = rnd(4096, 4096, 34);
+  Tensor<bf16, 2> w = cast<bf16>(randn<f32>(Shape<2>{4096, 4096}, 34));
   bench_prologue("prologue cast<bf16>(x f32) @ W bf16", x, w, [](const auto& p, const auto& q) { return matmul(cast<bf16>(p), q); },
                  [](double v) { return v; });
   Tensor<f32, 2> a = randn<f32>(Shape<2>{4096, 4096}, 35), b = randn<f32>(Shape<2>{4096, 4096}, 36);
