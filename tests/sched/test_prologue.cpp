@@ -27,6 +27,16 @@ void check_half_launches(uint64_t launched, uint64_t prologues) {
   if (kiln::default_device().kind == DeviceKind::cuda) CHECK(launched == 1 + prologues);
 }
 
+// Blocks the default device's caching allocator has handed out so far, fresh or from its
+// cache (HIP's: not counted here).
+uint64_t blocks_handed_out() {
+  CachingAllocatorStats s{};
+  const Device d = kiln::default_device();
+  if (d.kind == DeviceKind::cpu) s = host_allocator().stats();
+  if (d.kind == DeviceKind::cuda) s = cu::cuda_device(d.index).allocator().stats();
+  return s.device_allocs + s.reuses;
+}
+
 // The operand a prologue gives, as the float64 reference computes it: f applied to each
 // element of the source, rounded to the operand's dtype.
 template <class F>
@@ -50,6 +60,16 @@ TEST_CASE("prologue: matmul(x * s, W) is one kernel and one launch; the operand 
   Array scale;
   Array want = ref::matmul(operand(DType::f32, x.a, [](double p) { return p * 0.25; }), w.a, &scale);
   check_close(out, want, tol<f32>().scaled(2), "(x * 0.25) @ W", &scale);
+  // the operand takes no memory where the GEMM computes it (the CPU's, SIMT on a GPU): the
+  // call takes as many blocks as the plain GEMM's
+  Tensor<f32, 2> plain = kiln::matmul(x.t, w.t);
+  uint64_t before_plain = blocks_handed_out();
+  plain = kiln::matmul(x.t, w.t);
+  const uint64_t plain_blocks = blocks_handed_out() - before_plain;
+  uint64_t before_fused = blocks_handed_out();
+  out = e;
+  CHECK(plain_blocks >= 1);  // its output
+  CHECK(blocks_handed_out() - before_fused == plain_blocks);
   // the same float operations in the same order as eager's, which stores x * 0.25 first
   auto fused = kiln::evaluate(Mode::fused, e), eager = kiln::evaluate(Mode::eager, e);
   CHECK(fused.to_vector() == eager.to_vector());

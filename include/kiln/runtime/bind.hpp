@@ -3,7 +3,8 @@
 //
 // Run-time binding, shared by every backend. Takes a Graph (this call's sizes,
 // strides, pointers, scalar values) and its Plan; allocates the buffers the plan
-// materializes and gives, per kernel, the slot pointers, the domain (dims
+// materializes (a matmul prologue's operand only where its own kernel runs:
+// allocate_prologue_operand) and gives, per kernel, the slot pointers, the domain (dims
 // permuted for reductions, then coalesced), the strides of every slot over it,
 // the params, and the variant (how each slot strides along the innermost dim).
 #pragma once
@@ -49,10 +50,28 @@ inline View apply_view(const View& in, const ir::Node& n, DType dt) {
   return v;
 }
 
+// The buffer a matmul prologue's own kernel stores (the operand), or -1: a kernel that is
+// not a prologue.
+inline int prologue_operand(const sched::Kernel& k) { return k.prologue_of >= 0 ? k.stores[0].buffer : -1; }
+
+// Gives node id (its view contiguous already) a buffer of the device's memory.
+inline void allocate_buffer(const ir::Graph& g, int id, Bound& b) {
+  const ir::Node& n = g.nodes[size_t(id)];
+  b.storage[size_t(id)] = std::make_shared<Storage>(size_t(n.numel()) * info(n.dtype).bytes, g.device);
+  b.views[size_t(id)].ptr = static_cast<char*>(b.storage[size_t(id)]->data());
+}
+
+// Every materialized node's buffer but the prologues' operands: those get their strides
+// and a null pointer, for the GEMMs that compute them as they load their sources never
+// read them (the CPU's always; a GPU's SIMT kind).
 inline Bound bind_buffers(const ir::Graph& g, const sched::Plan& p) {
   Bound b;
   b.storage.resize(g.nodes.size());
   b.views.resize(g.nodes.size());
+  thread_local std::vector<uint8_t> deferred;  // NOTE: this thread's, grown once: no allocation per call
+  deferred.assign(g.nodes.size(), 0);
+  for (const sched::Kernel& k : p.kernels)
+    if (int id = prologue_operand(k); id >= 0) deferred[size_t(id)] = 1;
   for (size_t id = 0; id < g.nodes.size(); ++id) {
     const ir::Node& n = g.nodes[id];
     View& v = b.views[id];
@@ -62,10 +81,9 @@ inline Bound bind_buffers(const ir::Graph& g, const sched::Plan& p) {
       v.ptr = static_cast<char*>(n.storage->data()) + n.elem_offset * int64_t(es);
       v.strides = n.strides;
     } else if (p.materialize[id]) {
-      b.storage[id] = std::make_shared<Storage>(size_t(n.numel()) * es, g.device);
-      v.ptr = static_cast<char*>(b.storage[id]->data());
       int64_t acc = 1;
       for (int i = n.rank - 1; i >= 0; --i) v.strides[size_t(i)] = acc, acc *= n.shape[size_t(i)];
+      if (!deferred[id]) allocate_buffer(g, int(id), b);
     } else if (n.op == Prim::view) {
       int c = g.arg(n, 0);
       v = apply_view(b.views[size_t(c)], n, n.dtype);

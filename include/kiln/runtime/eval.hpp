@@ -61,7 +61,7 @@ inline void (*&cpu_compile_hook())(const ir::Graph&, const CompiledPlan&, const 
 // A backend runs a bound plan on its device.
 struct Backend {
   virtual ~Backend() = default;
-  virtual void run(const ir::Graph& g, CompiledPlan& cp, const Bound& b) = 0;
+  virtual void run(const ir::Graph& g, CompiledPlan& cp, Bound& b) = 0;
 };
 
 // The CPU GEMM's scratch from the host caching allocator. NOTE: noexcept, as they are
@@ -84,7 +84,7 @@ inline void gemm_scratch_release(void* p) noexcept {
 
 class CpuBackend final : public Backend {
  public:
-  void run(const ir::Graph& g, CompiledPlan& cp, const Bound& b) override {
+  void run(const ir::Graph& g, CompiledPlan& cp, Bound& b) override {
     const auto& kernels = cp.plan.kernels;
     thread_local std::vector<KernelArgs> args;  // NOTE: this thread's, reused: no allocation per call once grown
     args.resize(kernels.size());

@@ -624,7 +624,7 @@ class GpuBackend final : public Backend {
                                 .load_module(std::string(), std::vector<std::string>(), std::string())
                                 .function(std::string_view()));
 
-  void run(const ir::Graph& g, CompiledPlan& cp, const Bound& b) override {
+  void run(const ir::Graph& g, CompiledPlan& cp, Bound& b) override {
     Device& dev = Api::device(g.device.index);
     dev.make_current();
     const auto& props = dev.properties();
@@ -650,6 +650,15 @@ class GpuBackend final : public Backend {
       last.inputs.swap(last.inputs_now);
       last.reusable = reusable;
     }
+    // A prologue's operand gets its buffer only where the prologue's own kernel runs
+    // (bind_buffers left it out): then that kernel and its GEMM are bound to it.
+    for (size_t k = 0; k < kernels.size(); ++k)
+      if (int id = prologue_operand(kernels[k]); id >= 0 && !call.vars[k].skip && !b.storage[size_t(id)]) {
+        allocate_buffer(g, id, b);
+        const size_t m = size_t(kernels[k].prologue_of);
+        bind_kernel(g, kernels[k], cp.layouts[k], b, call.args[k]);
+        bind_kernel(g, kernels[m], cp.layouts[m], b, call.args[m]);
+      }
     launch_kernels(g, cp, call, *last.fns, last.by_library, last.block, dev);
   }
 
