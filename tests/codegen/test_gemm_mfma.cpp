@@ -134,9 +134,14 @@ std::string model_program(const std::vector<Variant>& vs) {
 // simt_variants()[i] (config, A K-major, B K-major, dtype).
 std::vector<Variant> simt_variants() {
   std::vector<Variant> vs;
-  for (DType d : {DType::f32, DType::f64})
-    for (const GemmConfig& c : codegen::gemm_candidates(d, 0))
+  for (DType d : {DType::f32, DType::f64}) {
+    std::vector<GemmConfig> configs = codegen::gemm_candidates(d, 0);
+    // and one whose 64 threads do not cover M-major A's 128 rows in whole turns: the loads'
+    // general path (each element's own index), not the candidates' pointer and step
+    configs.push_back({GemmKind::simt, 128, 32, 8, 8, 8, 1});
+    for (const GemmConfig& c : configs)
       for (int layout = 0; layout < 4; ++layout) vs.push_back({c, layout % 2 == 0, layout / 2 == 1, d, false});
+  }
   return vs;
 }
 std::string simt_program(const std::vector<Variant>& vs) {
@@ -250,10 +255,12 @@ TEST_CASE("SIMT GEMM kernel on a CPU model of a thread block: equals a plain mat
     for (size_t i = 0; i < vs.size(); ++i) {
       const Variant& v = vs[i];
       CAPTURE(describe(v, sz));
-      // Operands of small integers (exact products and sums), rows padded by 3 NaN elements.
+      // Operands of small integers (exact products and sums), rows padded by 3 NaN elements
+      // and followed by a NaN row (a K-major operand's read past K meets the padding, an
+      // M-major one's that row).
       auto operand = [&](int64_t rows, int64_t cols, bool col_major, std::vector<double>& value, int64_t& rs, int64_t& cs) {
         int64_t outer = col_major ? cols : rows, pitch = (col_major ? rows : cols) + 3;
-        std::vector<double> stored(size_t(std::max<int64_t>(outer * pitch, 1)), NAN);
+        std::vector<double> stored(size_t((outer + 1) * pitch), NAN);
         rs = col_major ? 1 : pitch, cs = col_major ? pitch : 1;
         for (int64_t r = 0; r < rows; ++r)
           for (int64_t c = 0; c < cols; ++c) {

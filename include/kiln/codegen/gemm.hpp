@@ -634,15 +634,45 @@ class GemmWriter {
     // Per operand (0: A, 1: B): its registers r<a|b>, its tile and its rows.
     auto raw_type = [&](int operand) { return pro_.computes(operand) ? pro_.storage[operand] : storage(); };
     const std::string params = pro_.words ? "Aw" : "A";
+    // Thread t loads elements e = t + l * NT of each tile. Where NT is a multiple of the
+    // tile's fast dim (`uniform`: every config of gemm_candidates), its elements keep one
+    // row (k fast: one k) and lie a fixed step apart: a pointer per operand, the step, and
+    // which elements lie inside M (N) are worked out once, and a tile checks only K
+    // (not two 64-bit products and three compares an element).
+    auto uniform = [&](int operand) {
+      const int rows = operand ? c_.bn : c_.bm;
+      return (operand ? o_.b_k_major : o_.a_k_major) ? c_.threads() % c_.bk == 0 : c_.threads() % rows == 0;
+    };
+    auto load_setup = [&](int operand) {
+      if (!uniform(operand)) return std::string();
+      const std::string x = operand ? "b" : "a", rows = operand ? "BN" : "BM", o0 = operand ? "n0" : "m0";
+      const std::string so = operand ? "sbn" : "sam", sk = operand ? "sbk" : "sak";
+      const bool k_fast = operand ? o_.b_k_major : o_.a_k_major;
+      std::string t = k_fast ? "  const int x" + x + " = threadIdx.x / BK, k" + x + " = threadIdx.x % BK;\n"
+                             : "  const int x" + x + " = threadIdx.x % " + rows + ", k" + x + " = threadIdx.x / " + rows + ";\n";
+      t += "  const " + raw_type(operand) + "* __restrict__ p" + x + " = " + (operand ? "B0" : "A0") + " + (" + o0 + " + x" + x +
+           ") * " + so + " + k" + x + " * " + sk + ";\n";
+      t += "  const int64_t d" + x + " = " + (k_fast ? "(NT / BK) * " + so : "(NT / " + rows + ") * " + sk) + ";\n";
+      t += "  uint32_t in" + x + " = 0;\n#pragma unroll\n  for (int l = 0; l < (BK * " + rows + " + NT - 1) / NT; ++l)\n";
+      t += "    in" + x + " |= (uint32_t)(threadIdx.x + l * NT < BK * " + rows + " && " + o0 + " + x" + x +
+           (k_fast ? " + l * (NT / BK)" : "") + " < " + (operand ? "N" : "Mr") + ") << l;\n";
+      return t;
+    };
     auto load = [&](int operand) {
       const std::string r = operand ? "rb" : "ra", rows = operand ? "BN" : "BM";
       const bool k_fast = operand ? o_.b_k_major : o_.a_k_major, mask = pro_.computes(operand);
       std::string t = mask ? "    v" + r + " = 0;\n" : "";
       t += "#pragma unroll\n    for (int l = 0; l < (BK * " + rows + " + NT - 1) / NT; ++l) {\n";
-      t += "      const int e = threadIdx.x + l * NT; " + where(rows, k_fast) + "\n";
-      t += std::string("      const int64_t o = ") + (operand ? "n0" : "m0") + " + x, k = k0 + kk;\n";
-      t += "      const bool in = e < BK * " + rows + " && o < " + (operand ? "N" : "Mr") + " && k < K;\n";
-      t += "      " + r + "[l] = in ? " + (operand ? "B0[o * sbn + k * sbk]" : "A0[o * sam + k * sak]") + " : (" + raw_type(operand) + ")0;\n";
+      if (uniform(operand)) {
+        const std::string x = operand ? "b" : "a";
+        t += "      const bool in = (in" + x + " >> l & 1u) && k0 + k" + x + (k_fast ? "" : " + l * (NT / " + rows + ")") + " < K;\n";
+        t += "      " + r + "[l] = in ? p" + x + "[k0 * " + (operand ? "sbk" : "sak") + " + l * d" + x + "] : (" + raw_type(operand) + ")0;\n";
+      } else {
+        t += "      const int e = threadIdx.x + l * NT; " + where(rows, k_fast) + "\n";
+        t += std::string("      const int64_t o = ") + (operand ? "n0" : "m0") + " + x, k = k0 + kk;\n";
+        t += "      const bool in = e < BK * " + rows + " && o < " + (operand ? "N" : "Mr") + " && k < K;\n";
+        t += "      " + r + "[l] = in ? " + (operand ? "B0[o * sbn + k * sbk]" : "A0[o * sam + k * sak]") + " : (" + raw_type(operand) + ")0;\n";
+      }
       if (mask) t += "      v" + r + " |= (uint32_t)in << l;\n";
       return t + "    }\n";
     };
@@ -661,8 +691,9 @@ class GemmWriter {
     if (pro_.any() && pro_.words)
       s += "  uint64_t Aw[" + std::to_string(pro_.words) + "];\n#pragma unroll\n  for (int i = 0; i < " + std::to_string(pro_.words) +
            "; ++i) Aw[i] = A[i];\n";
-    if ((c_.bk * std::max(c_.bm, c_.bn) + c_.threads() - 1) / c_.threads() > 32 && pro_.any())
-      throw Error("kiln: GEMM config " + c_.str() + ": more than 32 elements a thread per tile for a prologue's mask");
+    if ((c_.bk * std::max(c_.bm, c_.bn) + c_.threads() - 1) / c_.threads() > 32)
+      throw Error("kiln: GEMM config " + c_.str() + ": more than 32 elements a thread per tile (the masks' bits)");
+    s += load_setup(0) + load_setup(1);
     s += "  " + raw_type(0) + " ra[(BK * BM + NT - 1) / NT];\n  " + raw_type(1) + " rb[(BK * BN + NT - 1) / NT];\n";
     s += "  uint32_t vra = 0, vrb = 0; (void)vra; (void)vrb;\n";
     s += "  auto load = [&](int64_t k0) {\n" + load(0) + load(1) + "  };\n";
