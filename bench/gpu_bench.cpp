@@ -209,13 +209,17 @@ static void precompile_candidates(const Tensor<DT, 2>& a, const Tensor<DT, 2>& b
   for (auto& t : threads) t.join();
 }
 
-// a @ b with each candidate of its dtype (TF32 where allowed) forced in turn, all compiled first.
+// a @ b with each candidate of its dtype (TF32 where allowed) forced in turn, all compiled first;
+// then each of `probes` (configs that are not candidates).
 template <class DT>
-static void bench_candidates(const std::string& name, const Tensor<DT, 2>& a, const Tensor<DT, 2>& b) {
+static void bench_candidates(const std::string& name, const Tensor<DT, 2>& a, const Tensor<DT, 2>& b,
+                             const std::vector<codegen::GemmConfig>& probes = {}) {
   const auto& props = cu::cuda_device().properties();
   const int arch = props.cc_major * 10 + props.cc_minor;
   precompile_candidates(a, b, arch, props.sm_count);
-  for (const codegen::GemmConfig& cfg : codegen::gemm_candidates(DT::id, arch, allow_tf32())) {
+  std::vector<codegen::GemmConfig> configs = codegen::gemm_candidates(DT::id, arch, allow_tf32());
+  configs.insert(configs.end(), probes.begin(), probes.end());
+  for (const codegen::GemmConfig& cfg : configs) {
     codegen::gemm_chooser() = [cfg](const codegen::GemmProblem&) { return std::optional(cfg); };
     bench_gemm(name + " (forced)", a, b, cfg.str());
   }
@@ -262,6 +266,10 @@ static void prologue_benches() {
                  [](double v) { return v; });
   Tensor<f32, 2> a = randn<f32>(Shape<2>{4096, 4096}, 35), b = randn<f32>(Shape<2>{4096, 4096}, 36);
   bench_prologue("prologue (x * 0.5) @ W f32 4096^3", a, b, [](const auto& p, const auto& q) { return matmul(p * 0.5, q); },
+                 [](double v) { return v * 0.5; });
+  // small: the launch the fused prologue saves weighs most
+  Tensor<f32, 2> sa = randn<f32>(Shape<2>{256, 512}, 37), sb = randn<f32>(Shape<2>{512, 512}, 38);
+  bench_prologue("prologue (x * 0.5) @ W f32 [256,512]x[512,512]", sa, sb, [](const auto& p, const auto& q) { return matmul(p * 0.5, q); },
                  [](double v) { return v * 0.5; });
   if (std::getenv("KILN_BENCH_PROLOGUE_MORE")) {  // probes: no scalar; the plain GEMM between
     bench_gemm("f32 4096^3", a, b, picked_config(a, b));
@@ -350,7 +358,9 @@ static void gemm_benches() {
   {  // the SIMT path: f32 (PyTorch's default fp32 matmul is not TF32)
     Tensor<f32, 2> a = randn<f32>(Shape<2>{4096, 4096}, 28), b = randn<f32>(Shape<2>{4096, 4096}, 29);
     bench_gemm("f32 4096^3", a, b, picked_config(a, b));
-    bench_candidates("f32 4096^3", a, b);
+    using K = codegen::GemmKind;  // probes: a longer K step; 128 threads a block (three blocks an SM)
+    bench_candidates("f32 4096^3", a, b, {{K::simt, 128, 128, 16, 8, 8, 1}, {K::simt, 128, 64, 8, 8, 8, 1}, {K::simt, 64, 128, 8, 8, 8, 1},
+                                          {K::simt, 128, 64, 16, 8, 8, 1}});
     // TF32 allowed (torch.backends.cuda.matmul.allow_tf32 = True beside it): the heuristic's
     // config, the operands row-major and B read transposed, then every TF32 candidate.
     set_allow_tf32(true);

@@ -62,8 +62,10 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = False
     x32, w16 = r(8192, 4096, torch.float32), r(4096, 4096)
     fa2, fb2 = r(4096, 4096, torch.float32), r(4096, 4096, torch.float32)
+    fa3, fb3 = r(256, 512, torch.float32), r(512, 512, torch.float32)
     pro = [("prologue cast<bf16>(x f32) @ W bf16", lambda p, q: p.to(torch.bfloat16) @ q, x32, w16),
-           ("prologue (x * 0.5) @ W f32 4096^3", lambda p, q: (p * 0.5) @ q, fa2, fb2)]
+           ("prologue (x * 0.5) @ W f32 4096^3", lambda p, q: (p * 0.5) @ q, fa2, fb2),
+           ("prologue (x * 0.5) @ W f32 [256,512]x[512,512]", lambda p, q: (p * 0.5) @ q, fa3, fb3)]
     for name, fn, p, q in pro:
         for label, f in (("eager", fn), ("torch.compile", torch.compile(fn))):
             ms = time_ms(lambda: f(p, q))

@@ -662,11 +662,13 @@ class GemmWriter {
       const std::string r = operand ? "rb" : "ra", rows = operand ? "BN" : "BM";
       const bool k_fast = operand ? o_.b_k_major : o_.a_k_major, mask = pro_.computes(operand);
       std::string t = mask ? "    v" + r + " = 0;\n" : "";
+      const std::string x = operand ? "b" : "a";
+      if (uniform(operand))  // this tile's first element; q steps to the next
+        t += "    const " + raw_type(operand) + "* q" + x + " = p" + x + " + k0 * " + (operand ? "sbk" : "sak") + ";\n";
       t += "#pragma unroll\n    for (int l = 0; l < (BK * " + rows + " + NT - 1) / NT; ++l) {\n";
       if (uniform(operand)) {
-        const std::string x = operand ? "b" : "a";
-        t += "      const bool in = (in" + x + " >> l & 1u) && k0 + k" + x + (k_fast ? "" : " + l * (NT / " + rows + ")") + " < K;\n";
-        t += "      " + r + "[l] = in ? p" + x + "[k0 * " + (operand ? "sbk" : "sak") + " + l * d" + x + "] : (" + raw_type(operand) + ")0;\n";
+        t += "      const bool in = (in" + x + " >> l & 1u) && k" + x + (k_fast ? "" : " + l * (NT / " + rows + ")") + " < kt;\n";
+        t += "      " + r + "[l] = in ? *q" + x + " : (" + raw_type(operand) + ")0;\n      q" + x + " += d" + x + ";\n";
       } else {
         t += "      const int e = threadIdx.x + l * NT; " + where(rows, k_fast) + "\n";
         t += std::string("      const int64_t o = ") + (operand ? "n0" : "m0") + " + x, k = k0 + kk;\n";
@@ -696,7 +698,8 @@ class GemmWriter {
     s += load_setup(0) + load_setup(1);
     s += "  " + raw_type(0) + " ra[(BK * BM + NT - 1) / NT];\n  " + raw_type(1) + " rb[(BK * BN + NT - 1) / NT];\n";
     s += "  uint32_t vra = 0, vrb = 0; (void)vra; (void)vrb;\n";
-    s += "  auto load = [&](int64_t k0) {\n" + load(0) + load(1) + "  };\n";
+    s += "  auto load = [&](int64_t k0) {\n    const int kt = (int)(K - k0 < BK ? K - k0 : BK);  (void)kt;  // K left in the tile\n" +
+         load(0) + load(1) + "  };\n";
     s += "  auto store = [&](int b) {\n" + store(0) + store(1) + "  };\n";
     s += "  load(0);\n  store(0);\n  __syncthreads();\n  int cur = 0;\n";
     s += "  for (int64_t k0 = 0; k0 < K; k0 += BK) {\n";
