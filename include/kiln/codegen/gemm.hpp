@@ -224,8 +224,9 @@ inline std::vector<GemmConfig> gemm_candidates(DType d, int arch, bool tf32 = fa
             {K::mfma, 128, 64, 64, 64, 32, 2},  {K::mfma, 64, 128, 32, 32, 64, 2},  {K::mfma, 64, 64, 64, 32, 32, 2},
             {K::mfma, 64, 64, 32, 32, 32, 2}};
   if (d == DType::f64 || d == DType::i64) return {{K::simt, 64, 64, 16, 4, 4, 1}, {K::simt, 32, 32, 16, 2, 2, 1}};
-  // NOTE: on an H200 (f32 4096^3, each forced; docs/benchmarks.md, sixteenth session)
-  // 128x128x8 ran at 31.3 TFLOP/s, 128x128x16 at 25.0, 64x64x16 at 13.1, 32x32x16 at 8.5.
+  // NOTE: on an H200 (f32 4096^3, each forced; docs/benchmarks.md, sixteenth and eighteenth
+  // sessions) 128x128x8 ran at 35.9 TFLOP/s, 128x128x16 at 29.0 (the loads as now); with the
+  // 32-bit K check, 64x64x16 24.9, 32x32x16 9.3, 128x64x8 and 64x128x8 (128 threads) 25.1–25.4.
   return {{K::simt, 128, 128, 8, 8, 8, 1}, {K::simt, 64, 64, 16, 4, 4, 1}, {K::simt, 32, 32, 16, 2, 2, 1}};
 }
 
@@ -638,7 +639,10 @@ class GemmWriter {
     // tile's fast dim (`uniform`: every config of gemm_candidates), its elements keep one
     // row (k fast: one k) and lie a fixed step apart: a pointer per operand, the step, and
     // which elements lie inside M (N) are worked out once, and a tile checks only K
-    // (not two 64-bit products and three compares an element).
+    // (not two 64-bit products and three compares an element). NOTE: on an H200, f32
+    // 4096^3, 128x128x8: 35.9 TFLOP/s so, 32.8 with an index per element, 24.8 with K
+    // checked against a 32-bit count of K left in the tile (ptxas then issued the loads
+    // after the tile's FMAs, right before their stores: docs/benchmarks.md, eighteenth session).
     auto uniform = [&](int operand) {
       const int rows = operand ? c_.bn : c_.bm;
       return (operand ? o_.b_k_major : o_.a_k_major) ? c_.threads() % c_.bk == 0 : c_.threads() % rows == 0;
@@ -667,7 +671,7 @@ class GemmWriter {
         t += "    const " + raw_type(operand) + "* q" + x + " = p" + x + " + k0 * " + (operand ? "sbk" : "sak") + ";\n";
       t += "#pragma unroll\n    for (int l = 0; l < (BK * " + rows + " + NT - 1) / NT; ++l) {\n";
       if (uniform(operand)) {
-        t += "      const bool in = (in" + x + " >> l & 1u) && k" + x + (k_fast ? "" : " + l * (NT / " + rows + ")") + " < kt;\n";
+        t += "      const bool in = (in" + x + " >> l & 1u) && k0 + k" + x + (k_fast ? "" : " + l * (NT / " + rows + ")") + " < K;\n";
         t += "      " + r + "[l] = in ? *q" + x + " : (" + raw_type(operand) + ")0;\n      q" + x + " += d" + x + ";\n";
       } else {
         t += "      const int e = threadIdx.x + l * NT; " + where(rows, k_fast) + "\n";
@@ -698,8 +702,7 @@ class GemmWriter {
     s += load_setup(0) + load_setup(1);
     s += "  " + raw_type(0) + " ra[(BK * BM + NT - 1) / NT];\n  " + raw_type(1) + " rb[(BK * BN + NT - 1) / NT];\n";
     s += "  uint32_t vra = 0, vrb = 0; (void)vra; (void)vrb;\n";
-    s += "  auto load = [&](int64_t k0) {\n    const int kt = (int)(K - k0 < BK ? K - k0 : BK);  (void)kt;  // K left in the tile\n" +
-         load(0) + load(1) + "  };\n";
+    s += "  auto load = [&](int64_t k0) {\n" + load(0) + load(1) + "  };\n";
     s += "  auto store = [&](int b) {\n" + store(0) + store(1) + "  };\n";
     s += "  load(0);\n  store(0);\n  __syncthreads();\n  int cur = 0;\n";
     s += "  for (int64_t k0 = 0; k0 < K; k0 += BK) {\n";
