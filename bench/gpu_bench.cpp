@@ -9,7 +9,8 @@
 // them beside torch_anchor.py's results); --sweep also times the rows workloads at
 // each block size of block-per-row kernels.
 // KILN_BENCH_ONLY=gemm, w4 or rows runs that part alone (rows: the copy ceiling, W1, W2,
-// W3, x*w+b, W8, split rows, the W4 loss's rows over 2 dims, and the sweeps);
+// W3, x*w+b, W8, split rows, the W4 loss's rows over 2 dims, the sweeps, then the host
+// overhead and W7);
 // KILN_BENCH_ROW=W2 (W1, W3, x*w+b, W8, split, "2 dims") one row.
 // KILN_BENCH_GEMM_SWEEP=1 also times bf16 8192^3 and the W4 step with each GEMM config forced.
 #include <kiln/kiln.hpp>
@@ -759,11 +760,7 @@ int main(int argc, char** argv) {
     }
     runtime::gpu_pointwise_blocks_per_sm() = 0;
   }
-  if (rows_only) {
-    if (jsonl) write_rows(jsonl, 0, 0, 0, 0, "");
-    return 0;
-  }
-  std::string w4_json = w4_step_bench();
+  std::string w4_json = rows_only ? "" : w4_step_bench();
   double floor_us = 0, plus_one_us = 0, w7_us = 0, w7_eager_us = 0;
   {  // launch floor and a compiled x+1 on one element, back to back
     // The floor: the same work (read one float, write one) launched straight through the driver,
