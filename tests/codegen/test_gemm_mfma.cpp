@@ -11,7 +11,9 @@
 // lane, 2 for gfx908's bf16 16x16x8) and D[4 y + q][x]. The result must equal a
 // plain matmul exactly (small integers: every product and sum is exact in f32),
 // over odd M, N and K, K = 0, row pitches with NaN past K (the zero-fill),
-// transposed operands, each bf16/f16 instruction path and several tile configs.
+// transposed operands, each bf16/f16 instruction path and several tile configs;
+// and with both operands computed by prologues from 16-bit sources as the chunks
+// move into LDS (zeros, not f(0), past M, N and K).
 // What it cannot show: that the hardware agrees with the model, and speed. The SIMT
 // kernel (GemmWriter) runs on the same workgroup model, f32 and f64, every layout.
 #include <cmath>
@@ -82,6 +84,15 @@ static kiln_f32x4 kiln_model_f16_mfma(kiln_f16x4 a, kiln_f16x4 b, kiln_f32x4 c, 
   for (int i = 0; i < 4; ++i) fa[i] = (float)a[i], fb[i] = (float)b[i];
   return kiln_model_mfma<4>(fa, fb, c);
 }
+// The prelude's 16-bit conversions (round to nearest even), for prologues.
+inline float kiln_bf16_to_f32(uint16_t b) { return kiln_model_bf16(short(b)); }
+inline uint16_t kiln_f32_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+inline float kiln_f16_to_f32(uint16_t b) { _Float16 h; std::memcpy(&h, &b, 2); return (float)h; }
+inline uint16_t kiln_f32_to_f16(float f) { _Float16 h = (_Float16)f; uint16_t b; std::memcpy(&b, &h, 2); return b; }
 #define __builtin_amdgcn_mfma_f32_16x16x16f16 kiln_model_f16_mfma
 #define __builtin_amdgcn_mfma_f32_16x16x16bf16_1k kiln_model_bf16_mfma<4, kiln_i16x4>
 #define __builtin_amdgcn_mfma_f32_16x16x8bf16 kiln_model_bf16_mfma<2, kiln_i16x2>
@@ -110,6 +121,9 @@ struct Variant {
   bool a_k_major, b_k_major;
   DType dtype;
   bool gfx908;  // bf16 as two 16x16x8 (else 16x16x16bf16_1k)
+  // Both operands computed by prologues from 16-bit sources at P[3] and P[4] (their strides
+  // in M's slots 3 and 4): A = -2 a + 1 (f(0) = 1: elements past M or K must stay 0), B = b / 2 - 1.
+  bool prologue = false;
 };
 
 std::string model_program(const std::vector<Variant>& vs) {
@@ -118,12 +132,22 @@ std::string model_program(const std::vector<Variant>& vs) {
   for (size_t i = 0; i < vs.size(); ++i) {
     const Variant& v = vs[i];
     std::string target = v.gfx908 ? "__gfx908__" : "__gfx90a__", n = std::to_string(i);
+    codegen::GemmPrologue pro;
+    std::string functions;
+    if (v.prologue) {
+      const std::string t = v.dtype == DType::bf16 ? "bf16" : "f16", in = "kiln_" + t + "_to_f32", out = "kiln_f32_to_" + t;
+      for (int o = 0; o < 2; ++o) {
+        pro.slot[o] = 3 + o, pro.storage[o] = "uint16_t", pro.function[o] = o ? "kiln_pb" : "kiln_pa";
+        functions += "static float " + pro.function[o] + "(const uint16_t x, const uint64_t* A) { (void)A; return " + in + "(" + out + "(" +
+                     (o ? in + "(x) * 0.5f - 1.0f" : "-2.0f * " + in + "(x) + 1.0f") + ")); }\n";
+      }
+    }
     codegen::MfmaWriter w(v.config, {v.a_k_major, v.b_k_major}, v.dtype,
                           [](const std::string& row, const std::string& col, const std::string& x) {
                             return "((float*)P[2])[" + row + " * N + " + col + "] = " + x + ";";
-                          });
-    s += "namespace k" + n + " {\n#define " + target + " 1\n" + helper + "#undef " + target + "\n";
-    s += "static void kernel(void* const* P, const int64_t* M) {\n" + w.body() + "}\n}\n";
+                          }, pro);
+    s += "namespace k" + n + " {\n#define " + target + " 1\n" + helper + "#undef " + target + "\n" + functions;
+    s += "static void kernel(void* const* P, const int64_t* M) {\n  const uint64_t* A = nullptr; (void)A;\n" + w.body() + "}\n}\n";
     s += "extern \"C\" void kiln_run_" + n + "(void* const* P, const int64_t* M, unsigned blocks) { kiln_launch(k" + n +
          "::kernel, P, M, blocks, " + std::to_string(v.config.threads()) + "); }\n";
   }
@@ -208,6 +232,30 @@ Operand operand(test::Rng& rng, int64_t rows, int64_t cols, bool col_major, int6
   return o;
 }
 
+// Runs model_program's kernel i (variant v) on fresh operands of size sz and checks C exactly.
+// The operands' row pitches are rounded up to 16 bytes, plus 8: the last chunk of a row runs
+// past the matrix into NaN. With prologues the operands come from sources at P[3], P[4]
+// (the operands' own buffers are never read) and are -2 a + 1 and b / 2 - 1 (exact).
+template <class Module>
+void check_model_kernel(const Module& module, size_t i, const Variant& v, Size sz, test::Rng& rng) {
+  CAPTURE(describe(v, sz));
+  auto pitch_pad = [](int64_t inner) { return (8 - inner % 8) % 8 + 8; };
+  Operand a = operand(rng, sz.m, sz.k, !v.a_k_major, pitch_pad(v.a_k_major ? sz.k : sz.m), v.dtype);
+  Operand b = operand(rng, sz.k, sz.n, v.b_k_major, pitch_pad(v.b_k_major ? sz.k : sz.n), v.dtype);
+  std::vector<double> fa = a.value, fb = b.value;
+  std::vector<float> c(size_t(sz.m * sz.n), NAN);
+  void* P[5] = {a.bits.data(), b.bits.data(), c.data(), nullptr, nullptr};
+  int64_t M[14] = {2, sz.k, sz.m, sz.n, a.row_stride, a.col_stride, b.row_stride, b.col_stride, 0, 0, 0, 0, 0, 0};
+  if (v.prologue) {
+    for (double& x : fa) x = -2 * x + 1;
+    for (double& x : fb) x = x * 0.5 - 1;
+    P[3] = P[0], P[4] = P[1], P[0] = P[1] = nullptr;
+    for (int j = 0; j < 4; ++j) M[10 + j] = M[4 + j], M[4 + j] = 0;
+  }
+  run_kernel(module, i, v.config, P, M, sz);
+  check_product(fa, fb, sz, [&](int64_t r, int64_t col) { return double(c[size_t(r * sz.n + col)]); });
+}
+
 }  // namespace
 
 TEST_CASE("MFMA GEMM kernel on a CPU model of CDNA wavefronts: equals a plain matmul (odd sizes, zero-fill, layouts, paths)") {
@@ -230,21 +278,19 @@ TEST_CASE("MFMA GEMM kernel on a CPU model of CDNA wavefronts: equals a plain ma
   auto module = jit::load_host_module(model_program(vs));
 
   KILN_TEST_RNG(rng);
-  for (Size sz : {Size{37, 45, 70}, Size{1, 20, 9}, Size{5, 7, 0}}) {
-    for (size_t i = 0; i < vs.size(); ++i) {
-      const Variant& v = vs[i];
-      CAPTURE(describe(v, sz));
-      // Row pitches rounded up to 16 bytes, plus 8: the last chunk of a row runs past the matrix into NaN.
-      auto pitch_pad = [](int64_t inner) { return (8 - inner % 8) % 8 + 8; };
-      Operand a = operand(rng, sz.m, sz.k, !v.a_k_major, pitch_pad(v.a_k_major ? sz.k : sz.m), v.dtype);
-      Operand b = operand(rng, sz.k, sz.n, v.b_k_major, pitch_pad(v.b_k_major ? sz.k : sz.n), v.dtype);
-      std::vector<float> c(size_t(sz.m * sz.n), NAN);
-      void* P[3] = {a.bits.data(), b.bits.data(), c.data()};
-      int64_t M[8] = {2, sz.k, sz.m, sz.n, a.row_stride, a.col_stride, b.row_stride, b.col_stride};
-      run_kernel(module, i, v.config, P, M, sz);
-      check_product(a.value, b.value, sz, [&](int64_t r, int64_t col) { return double(c[size_t(r * sz.n + col)]); });
-    }
-  }
+  for (Size sz : {Size{37, 45, 70}, Size{1, 20, 9}, Size{5, 7, 0}})
+    for (size_t i = 0; i < vs.size(); ++i) check_model_kernel(module, i, vs[i], sz, rng);
+}
+
+TEST_CASE("MFMA GEMM kernel with both operands' prologues on the CPU model: computed from 16-bit sources, zeros past M, N and K") {
+  const GemmConfig config = codegen::gemm_candidates(DType::bf16, -0x90a).front();
+  REQUIRE(config.kind == GemmKind::mfma);
+  std::vector<Variant> vs = {{config, true, false, DType::bf16, false, true}, {config, false, true, DType::bf16, true, true},
+                             {config, true, true, DType::f16, false, true}, {{GemmKind::mfma, 32, 64, 16, 32, 64, 2}, false, false, DType::f16, true, true}};
+  auto module = jit::load_host_module(model_program(vs));
+  KILN_TEST_RNG(rng);
+  for (Size sz : {Size{37, 45, 70}, Size{1, 20, 9}, Size{5, 7, 0}})
+    for (size_t i = 0; i < vs.size(); ++i) check_model_kernel(module, i, vs[i], sz, rng);
 }
 
 TEST_CASE("SIMT GEMM kernel on a CPU model of a thread block: equals a plain matmul (odd sizes, K tiles, K = 0, layouts, f32, f64)") {

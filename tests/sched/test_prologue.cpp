@@ -202,3 +202,21 @@ TEST_CASE("prologue: on a GPU the GEMM's kind decides whether the prologue kerne
   check_close(out, ref::as(DType::bf16, ref::matmul(operand(DType::bf16, x.a, [](double p) { return p; }), w.a, &sc)),
               tol<bf16>().scaled(2), "cast<bf16>(x) @ w", &sc);
 }
+
+TEST_CASE("prologue: 16-bit sources laid out as the operands (an MFMA GEMM computes them), and a transposed one (it does not)") {
+  KILN_TEST_RNG(rng);
+  auto x = input<bf16, 2>(rng, {64, 128}), xt = input<bf16, 2>(rng, {64, 128}, Layout::transposed);
+  auto w = input<f16, 2>(rng, {128, 96});
+  for (bool transposed : {false, true}) {
+    CAPTURE(transposed);
+    const auto& src = transposed ? xt : x;
+    auto e = kiln::matmul(src.t * 0.5, kiln::cast<bf16>(w.t));
+    CHECK(occurrences(explain(Mode::fused, e), " computed from") == 2);
+    Counters before = counters();
+    Tensor<bf16, 2> out = e;
+    check_half_launches(counters().kernels_launched - before.kernels_launched, 2);
+    Array sc;
+    Array a = operand(DType::bf16, src.a, [](double p) { return p * 0.5; }), b = operand(DType::bf16, w.a, [](double p) { return p; });
+    check_close(out, ref::as(DType::bf16, ref::matmul(a, b, &sc)), tol<bf16>().scaled(2), "(x * 0.5) @ cast<bf16>(w f16)", &sc);
+  }
+}

@@ -17,6 +17,9 @@
 //     transposed on its way into LDS. Past M, N or K the reads give zeros.
 //   * Two LDS buffers: the next K tile's global reads are in flight (in
 //     registers) while the MFMAs work on this one; one barrier per K tile.
+//   * A prologue operand (GemmPrologue: read from a 16-bit source tensor laid out
+//     as the operand would be) is computed element by element on the way from the
+//     registers into LDS; elements past M, N or K stay zero (f(0) need not be).
 // Needs what the mma kind needs (GemmProblem::tensor_ok): each operand
 // contiguous along one matrix dim, rows and bases 16-byte aligned.
 #pragma once
@@ -30,8 +33,8 @@ inline constexpr size_t kGemmMfmaMaxLds = 64 * 1024;  // per workgroup, every CD
 
 class MfmaWriter {
  public:
-  MfmaWriter(const GemmConfig& c, const GemmOperands& o, DType d, GemmStore store)
-      : c_(c), o_(o), d_(d), w_(c, o, d, std::move(store)) {}
+  MfmaWriter(const GemmConfig& c, const GemmOperands& o, DType d, GemmStore store, GemmPrologue pro = {})
+      : c_(c), o_(o), d_(d), pro_(pro), w_(c, o, d, std::move(store), std::move(pro)) {}
 
   std::string body(const std::string& prelude = "") const { return w_.head(prelude) + loop(); }
 
@@ -66,6 +69,7 @@ class MfmaWriter {
     };
     auto guard = [&](const Operand& o) { return o.chunks % threads ? "      if (c < " + S(o.chunks) + ")\n" : std::string(); };
     // Global -> registers (r<x>), K tile kt; in range: k_inner, row mn0 + r and K from k0 + e; else row k0 + r, mn from mn0 + e.
+    auto computes = [&](const Operand& o) { return pro_.computes(o.x == "a" ? 0 : 1); };
     auto load = [&](const Operand& o) {
       std::string s = "#pragma unroll\n    for (int i = 0; i < " + S(o.per_thread) + "; ++i) {\n" + chunk(o) + guard(o) + "      {\n";
       if (o.k_inner)
@@ -77,12 +81,21 @@ class MfmaWriter {
              "        const int n = k0 + r < K ? (left >= 8 ? 8 : left > 0 ? (int)left : 0) : 0;\n"
              "        r" + o.x + "[i] = kiln_load8_zfill(n ? " + o.x + "g + (k0 + r) * " + o.str + " + " + o.mn0 + " + e : " + o.x +
              "g, n);\n";
+      if (computes(o)) s += "        n" + o.x + "[i] = n;\n";  // the chunk's elements in range: the rest stay 0
       return s + "      }\n    }\n";
+    };
+    // A prologue operand's chunk: f of each source element in range, rounded to the operand's bits.
+    auto computed = [&](const Operand& o) {
+      const int operand = o.x == "a" ? 0 : 1;
+      const std::string bits = d_ == DType::bf16 ? "kiln_f32_to_bf16" : "kiln_f32_to_f16";
+      return "#pragma unroll\n        for (int j = 0; j < 8; ++j) v[j] = j < n" + o.x + "[i] ? (short)" + bits + "(" + pro_.function[operand] +
+             "((uint16_t)v[j], A)) : (short)0;\n";
     };
     // Registers -> LDS buffer `buf`, K-contiguous rows of LD: two 8-byte stores, or eight 2-byte ones (transposing).
     auto store_lds = [&](const Operand& o) {
       std::string s = "#pragma unroll\n    for (int i = 0; i < " + S(o.per_thread) + "; ++i) {\n" + chunk(o) + guard(o) + "      {\n";
-      s += "        short* d = kiln_s" + o.x + " + buf * (" + o.rows + " * LD);\n        const kiln_i16x8 v = r" + o.x + "[i];\n";
+      s += "        short* d = kiln_s" + o.x + " + buf * (" + o.rows + " * LD);\n        " + (computes(o) ? "" : "const ") + "kiln_i16x8 v = r" +
+           o.x + "[i];\n" + (computes(o) ? computed(o) : "");
       if (o.k_inner)
         s += "        *(kiln_i16x4*)(d + r * LD + e) = kiln_i16x4{v[0], v[1], v[2], v[3]};\n"
              "        *(kiln_i16x4*)(d + r * LD + e + 4) = kiln_i16x4{v[4], v[5], v[6], v[7]};\n";
@@ -100,6 +113,8 @@ class MfmaWriter {
     s += "  kiln_f32x4 acc[MT][NTL];\n";
     s += "#pragma unroll\n  for (int i = 0; i < MT; ++i)\n#pragma unroll\n  for (int j = 0; j < NTL; ++j) acc[i][j] = kiln_f32x4{0.f, 0.f, 0.f, 0.f};\n";
     s += "  kiln_i16x8 ra[" + S(a.per_thread) + "], rb[" + S(b.per_thread) + "];\n";
+    for (const Operand* o : {&a, &b})
+      if (computes(*o)) s += "  int n" + o->x + "[" + S(o->per_thread) + "];\n";
     s += "  auto load_tile = [&](int kt) {\n    const int64_t k0 = (int64_t)kt * BK;\n" + load(a) + load(b) + "  };\n";
     s += "  auto store_tile = [&](int buf) {\n" + store_lds(a) + store_lds(b) + "  };\n";
     s += "  load_tile(0);\n  store_tile(0);\n  __syncthreads();\n";
@@ -128,6 +143,7 @@ class MfmaWriter {
   GemmConfig c_;
   GemmOperands o_;
   DType d_;
+  GemmPrologue pro_;
   GemmWriter w_;
 };
 

@@ -794,15 +794,16 @@ class GpuKernelWriter {
         };
       return WgmmaWriter(v_.gemm, v_.gemm_ops, ep.dtype(), store, group).body(prelude);
     }
-    if (v_.gemm.kind == GemmKind::mfma) return MfmaWriter(v_.gemm, v_.gemm_ops, ep.dtype(), store).body(prelude);
     GemmPrologue pro;
     pro.words = l_.words;
     if (v_.prologue) {
-      if (v_.gemm.kind != GemmKind::simt) throw Error("kiln: internal error: a matmul prologue in a " + v_.gemm.str() + " GEMM");
+      if (v_.gemm.kind != GemmKind::simt && v_.gemm.kind != GemmKind::mfma)
+        throw Error("kiln: internal error: a matmul prologue in a " + v_.gemm.str() + " GEMM");
       for (int o = 0; o < 2; ++o)
         if (int slot = k_.prologue_slot[size_t(o)]; slot >= 0)
           pro.slot[o] = slot, pro.storage[o] = stype(slot), pro.function[o] = prologue_name(o);
     }
+    if (v_.gemm.kind == GemmKind::mfma) return MfmaWriter(v_.gemm, v_.gemm_ops, ep.dtype(), store, pro).body(prelude);
     return GemmWriter(v_.gemm, v_.gemm_ops, ep.dtype(), store, pro).body(prelude);
   }
   std::string prologue_name(int operand) const { return name_ + (operand ? "_pb" : "_pa"); }
