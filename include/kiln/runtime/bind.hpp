@@ -3,8 +3,8 @@
 //
 // Run-time binding, shared by every backend. Takes a Graph (this call's sizes,
 // strides, pointers, scalar values) and its Plan; allocates the buffers the plan
-// materializes (a matmul prologue's operand only where its own kernel runs:
-// allocate_prologue_operand) and gives, per kernel, the slot pointers, the domain (dims
+// materializes (a matmul prologue's operand only where its own kernel runs: the
+// backend calls allocate_buffer) and gives, per kernel, the slot pointers, the domain (dims
 // permuted for reductions, then coalesced), the strides of every slot over it,
 // the params, and the variant (how each slot strides along the innermost dim).
 #pragma once
@@ -63,7 +63,7 @@ inline void allocate_buffer(const ir::Graph& g, int id, Bound& b) {
 
 // Every materialized node's buffer but the prologues' operands: those get their strides
 // and a null pointer, for the GEMMs that compute them as they load their sources never
-// read them (the CPU's always; a GPU's SIMT kind).
+// read them (the CPU's always; a GPU's SIMT kind, and mfma on 16-bit sources).
 inline Bound bind_buffers(const ir::Graph& g, const sched::Plan& p) {
   Bound b;
   b.storage.resize(g.nodes.size());
