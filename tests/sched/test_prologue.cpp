@@ -220,3 +220,39 @@ TEST_CASE("prologue: 16-bit sources laid out as the operands (an MFMA GEMM compu
     check_close(out, ref::as(DType::bf16, ref::matmul(a, b, &sc)), tol<bf16>().scaled(2), "(x * 0.5) @ cast<bf16>(w f16)", &sc);
   }
 }
+
+TEST_CASE("prologue: per operand, the GPU GEMM's kind and the source decide who computes it (variants for gfx90a, gfx1030, sm_90)") {
+  // The variants those GPUs would run, chosen here from the CPU call's bound arguments.
+  KILN_TEST_RNG(rng);
+  auto x = input<bf16, 2>(rng, {64, 128}), xt = input<bf16, 2>(rng, {64, 128}, Layout::transposed);
+  auto w = input<f16, 2>(rng, {128, 96});
+  auto w32 = input<f32, 2>(rng, {128, 96});
+  // (the GEMM's kind, its mask of computed operands, the mask of prologue kernels skipped)
+  auto chosen = [&](const auto& e, const std::string& target) {
+    ir::Graph g = ir::trace(e);
+    auto cp = runtime::plan_for(g, Mode::fused);
+    runtime::Bound bound = runtime::bind_buffers(g, cp->plan);
+    const bool amd = target.rfind("gfx", 0) == 0;
+    const int arch = amd ? codegen::gemm_amd_arch(target) : std::stoi(target.substr(3));
+    runtime::GpuCall call = runtime::gpu_call(g, *cp, bound, amd ? (target == "gfx1030" ? 32 : 64) : 32, arch, 104);
+    codegen::GemmKind kind{};
+    int computed = -1, skipped = 0;
+    for (size_t k = 0; k < cp->plan.kernels.size(); ++k) {
+      const sched::Kernel& K = cp->plan.kernels[k];
+      if (K.kind == sched::KernelKind::matmul) kind = call.vars[k].gemm.kind, computed = call.vars[k].prologue;
+      if (K.prologue_of >= 0 && call.vars[k].skip)
+        skipped |= cp->plan.kernels[size_t(K.prologue_of)].loads[1] == runtime::prologue_operand(K) ? 2 : 1;
+    }
+    CHECK(skipped == computed);  // a prologue kernel is skipped exactly where its GEMM computes the operand
+    return std::pair{kind, computed};
+  };
+  using K = codegen::GemmKind;
+  auto both16 = kiln::matmul(x.t * 0.5, kiln::cast<bf16>(w.t));
+  auto transposed_a = kiln::matmul(xt.t * 0.5, kiln::cast<bf16>(w.t));
+  auto f32_b = kiln::matmul(x.t * 0.5, kiln::cast<bf16>(w32.t));
+  CHECK(chosen(both16, "gfx90a") == std::pair{K::mfma, 3});
+  CHECK(chosen(transposed_a, "gfx90a") == std::pair{K::mfma, 2});  // A's source is M-contiguous: its kernel stores A
+  CHECK(chosen(f32_b, "gfx90a") == std::pair{K::mfma, 1});         // B's source is f32: its kernel casts it
+  CHECK(chosen(f32_b, "gfx1030").second == 3);                     // no MFMA there: SIMT computes both
+  CHECK(chosen(both16, "sm_90").second == 0);                      // wgmma reads stored operands
+}

@@ -79,10 +79,10 @@ struct GpuVariant {
   // unroll instead of looping over a run-time rank. NOTE: bf16 x * w + b went from 50 to 34
   // registers, the sum over 2 dims of the W4 loss from 64 with spills to 48 (ptxas, sm_90).
   int rank = 0, outer_rank = 0;
-  // matmul with a prologue (sched::Kernel::prologue_slot): the GEMM computes those operands as
-  // it loads them (the SIMT kind: its loads go through registers); else it reads the operands'
-  // buffers, which their own kernels store first.
-  bool prologue = false;
+  // matmul with a prologue (sched::Kernel::prologue_slot): bit o set where the GEMM computes
+  // operand o as it loads it (runtime's gemm_computed_prologues: the SIMT kind, mfma on 16-bit
+  // sources); else it reads the operand's buffer, which the prologue's own kernel stores first.
+  uint8_t prologue = 0;
   // A prologue's own kernel whose GEMM computes the operand itself: not launched.
   bool skip = false;
   // The argument struct ends with workspace words: split rows' partials and counters, or a
@@ -120,9 +120,9 @@ class GpuKernelWriter {
     // resident (gpu_variant's choice: 1024, 2048 for pointwise kernels, more for some block
     // rows; GEMM tiles ask for none: their registers are the tile).
     bool mm = k_.kind == sched::KernelKind::matmul;
-    if (mm && v_.prologue)
+    if (mm)
       for (int o = 0; o < 2; ++o)
-        if (k_.prologue_slot[size_t(o)] >= 0) s = matmul_prologue(g_, k_, l_, o, prologue_name(o), "static KILN_FN") + s;
+        if (v_.prologue >> o & 1u) s = matmul_prologue(g_, k_, l_, o, prologue_name(o), "static KILN_FN") + s;
     int threads = mm ? v_.gemm.threads() : v_.threads;
     // A GEMM in clusters of blocks names its cluster here: a plain launch then makes them.
     const bool clustered = mm && v_.gemm.kind == GemmKind::wgmma && v_.gemm.cluster > 1;
@@ -800,7 +800,7 @@ class GpuKernelWriter {
       if (v_.gemm.kind != GemmKind::simt && v_.gemm.kind != GemmKind::mfma)
         throw Error("kiln: internal error: a matmul prologue in a " + v_.gemm.str() + " GEMM");
       for (int o = 0; o < 2; ++o)
-        if (int slot = k_.prologue_slot[size_t(o)]; slot >= 0)
+        if (int slot = k_.prologue_slot[size_t(o)]; slot >= 0 && (v_.prologue >> o & 1u))
           pro.slot[o] = slot, pro.storage[o] = stype(slot), pro.function[o] = prologue_name(o);
     }
     if (v_.gemm.kind == GemmKind::mfma) return MfmaWriter(v_.gemm, v_.gemm_ops, ep.dtype(), store, pro).body(prelude);

@@ -314,38 +314,42 @@ inline uint32_t whole_slots(const codegen::Layout& l, const KernelArgs& a) {
   return mask;
 }
 
-// Whether a matmul kernel's GEMM computes its prologue operands itself: the kinds whose loads
-// pass through registers. SIMT reads any source; mfma reads 16-byte chunks, so each source
-// must be 16-bit and laid out as gemm_problem's tensor_ok asks of the operand (contiguous
-// along the operand's contiguous dim, rows, batches and base 16-byte aligned). The mma and
-// wgmma kinds' tiles arrive by cp.async or the copy engine, untouched, so they read the
-// operands' buffers, stored first by the prologues' own kernels: one pass over the operand,
-// as a GEMM on cuBLAS behind a cast kernel would.
-inline bool gemm_computes_prologue(const ir::Graph& g, const sched::Kernel& k, const codegen::Layout& l, const KernelArgs& a,
-                                   const codegen::GpuVariant& v) {
-  if (!k.has_prologue()) return false;
-  if (v.gemm.kind == codegen::GemmKind::simt) return true;
-  if (v.gemm.kind != codegen::GemmKind::mfma) return false;
+// Which prologue operands a matmul kernel's GEMM computes itself (bit o: operand o): the kinds
+// whose loads pass through registers. SIMT reads any source; mfma reads 16-byte chunks, so a
+// source must be 16-bit and laid out as gemm_problem's tensor_ok asks of the operand
+// (contiguous along the operand's contiguous dim, rows, batches and base 16-byte aligned).
+// The mma and wgmma kinds' tiles arrive by cp.async or the copy engine, untouched, so they
+// read the operands' buffers, stored first by the prologues' own kernels: one pass over the
+// operand, as a GEMM on cuBLAS behind a cast kernel would.
+inline uint8_t gemm_computed_prologues(const ir::Graph& g, const sched::Kernel& k, const codegen::Layout& l, const KernelArgs& a,
+                                       const codegen::GpuVariant& v) {
   const int nd = int(a.meta[0]);
   const int64_t K = a.meta[1], extent[2][2] = {{a.size(nd - 2), K}, {K, a.size(nd - 1)}};  // per operand: dims nd-2, nd-1
+  uint8_t mask = 0;
   for (int o = 0; o < 2; ++o) {
     const int slot = k.prologue_slot[size_t(o)];
     if (slot < 0) continue;
-    if (info(g.nodes[size_t(l.slots[size_t(slot)].node)].dtype).bytes != 2) return false;
-    const bool k_major = o ? v.gemm_ops.b_k_major : v.gemm_ops.a_k_major;
-    const int inner = (o == 0) == k_major ? nd - 1 : nd - 2, outer = inner == nd - 1 ? nd - 2 : nd - 1;
-    const size_t s = size_t(slot);
-    bool ok = (extent[o][inner - (nd - 2)] == 1 || a.stride(s, inner) == 1) &&
-              (extent[o][outer - (nd - 2)] == 1 || (a.stride(s, outer) * 2) % 16 == 0) && reinterpret_cast<uintptr_t>(a.ptrs[s]) % 16 == 0;
-    for (int d = 0; d + 2 < nd; ++d) ok = ok && (a.stride(s, d) * 2) % 16 == 0;
-    if (!ok) return false;
+    bool ok = v.gemm.kind == codegen::GemmKind::simt;
+    if (v.gemm.kind == codegen::GemmKind::mfma && info(g.nodes[size_t(l.slots[size_t(slot)].node)].dtype).bytes == 2) {
+      const bool k_major = o ? v.gemm_ops.b_k_major : v.gemm_ops.a_k_major;
+      const int inner = (o == 0) == k_major ? nd - 1 : nd - 2, outer = inner == nd - 1 ? nd - 2 : nd - 1;
+      const size_t s = size_t(slot);
+      ok = (extent[o][inner - (nd - 2)] == 1 || a.stride(s, inner) == 1) &&
+           (extent[o][outer - (nd - 2)] == 1 || (a.stride(s, outer) * 2) % 16 == 0) && reinterpret_cast<uintptr_t>(a.ptrs[s]) % 16 == 0;
+      for (int d = 0; d + 2 < nd; ++d) ok = ok && (a.stride(s, d) * 2) % 16 == 0;
+    }
+    if (ok) mask |= uint8_t(1u << o);
   }
-  return true;
+  return mask;
 }
 // Marks the prologue kernels whose GEMM computes the operand itself: not launched.
 inline void skip_computed_prologues(const sched::Plan& plan, std::vector<codegen::GpuVariant>& vars) {
   for (size_t k = 0; k < plan.kernels.size(); ++k)
-    if (int m = plan.kernels[k].prologue_of; m >= 0) vars[k].skip = vars[size_t(m)].prologue;
+    if (int m = plan.kernels[k].prologue_of; m >= 0) {
+      const sched::Kernel& mm = plan.kernels[size_t(m)];
+      const int o = mm.loads[1] == prologue_operand(plan.kernels[k]) ? 1 : 0;  // the operand it stores
+      vars[k].skip = vars[size_t(m)].prologue >> o & 1u;
+    }
 }
 
 // Variant of one kernel for this call, for a device of `warp` lanes per warp
@@ -362,7 +366,7 @@ inline codegen::GpuVariant gpu_variant(const ir::Graph& g, const sched::Kernel& 
     v.gemm = codegen::gemm_choose(p);
     v.gemm_ops = p.ops;
     v.epilogue_vec = vector_epilogue(g, l, a, v.strides);
-    v.prologue = gemm_computes_prologue(g, k, l, a, v);
+    v.prologue = k.has_prologue() ? gemm_computed_prologues(g, k, l, a, v) : 0;
     return v;
   }
   int nd = int(a.meta[0]), no = int(a.meta[1]);
