@@ -370,6 +370,7 @@ class GemmWriter {
   // The kernel body: P, M are in scope; declares the operands and shapes, then `prelude` (the
   // epilogue's names: MatmulEpilogue::prelude), then the tile loop and the stores.
   std::string body(const std::string& prelude = "") const { return head(prelude) + (c_.kind == GemmKind::mma ? mma() : simt()); }
+  const GemmPrologue& prologue() const { return pro_; }
 
   // What every kind begins with: the operands (A0, B0 at this batch), shapes (Mr, N, K),
   // strides, the prelude, the tile constants and this block's tile (m0, n0).

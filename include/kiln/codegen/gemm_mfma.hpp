@@ -34,7 +34,7 @@ inline constexpr size_t kGemmMfmaMaxLds = 64 * 1024;  // per workgroup, every CD
 class MfmaWriter {
  public:
   MfmaWriter(const GemmConfig& c, const GemmOperands& o, DType d, GemmStore store, GemmPrologue pro = {})
-      : c_(c), o_(o), d_(d), pro_(pro), w_(c, o, d, std::move(store), std::move(pro)) {}
+      : c_(c), o_(o), d_(d), w_(c, o, d, std::move(store), std::move(pro)) {}
 
   std::string body(const std::string& prelude = "") const { return w_.head(prelude) + loop(); }
 
@@ -69,7 +69,8 @@ class MfmaWriter {
     };
     auto guard = [&](const Operand& o) { return o.chunks % threads ? "      if (c < " + S(o.chunks) + ")\n" : std::string(); };
     // Global -> registers (r<x>), K tile kt; in range: k_inner, row mn0 + r and K from k0 + e; else row k0 + r, mn from mn0 + e.
-    auto computes = [&](const Operand& o) { return pro_.computes(o.x == "a" ? 0 : 1); };
+    const GemmPrologue& pro = w_.prologue();
+    auto computes = [&](const Operand& o) { return pro.computes(o.x == "a" ? 0 : 1); };
     auto load = [&](const Operand& o) {
       std::string s = "#pragma unroll\n    for (int i = 0; i < " + S(o.per_thread) + "; ++i) {\n" + chunk(o) + guard(o) + "      {\n";
       if (o.k_inner)
@@ -88,7 +89,7 @@ class MfmaWriter {
     auto computed = [&](const Operand& o) {
       const int operand = o.x == "a" ? 0 : 1;
       const std::string bits = d_ == DType::bf16 ? "kiln_f32_to_bf16" : "kiln_f32_to_f16";
-      return "#pragma unroll\n        for (int j = 0; j < 8; ++j) v[j] = j < n" + o.x + "[i] ? (short)" + bits + "(" + pro_.function[operand] +
+      return "#pragma unroll\n        for (int j = 0; j < 8; ++j) v[j] = j < n" + o.x + "[i] ? (short)" + bits + "(" + pro.function[operand] +
              "((uint16_t)v[j], A)) : (short)0;\n";
     };
     // Registers -> LDS buffer `buf`, K-contiguous rows of LD: two 8-byte stores, or eight 2-byte ones (transposing).
@@ -143,7 +144,6 @@ class MfmaWriter {
   GemmConfig c_;
   GemmOperands o_;
   DType d_;
-  GemmPrologue pro_;
   GemmWriter w_;
 };
 

@@ -68,10 +68,6 @@ inline Bound bind_buffers(const ir::Graph& g, const sched::Plan& p) {
   Bound b;
   b.storage.resize(g.nodes.size());
   b.views.resize(g.nodes.size());
-  thread_local std::vector<uint8_t> deferred;  // NOTE: this thread's, grown once: no allocation per call
-  deferred.assign(g.nodes.size(), 0);
-  for (const sched::Kernel& k : p.kernels)
-    if (int id = prologue_operand(k); id >= 0) deferred[size_t(id)] = 1;
   for (size_t id = 0; id < g.nodes.size(); ++id) {
     const ir::Node& n = g.nodes[id];
     View& v = b.views[id];
@@ -83,7 +79,7 @@ inline Bound bind_buffers(const ir::Graph& g, const sched::Plan& p) {
     } else if (p.materialize[id]) {
       int64_t acc = 1;
       for (int i = n.rank - 1; i >= 0; --i) v.strides[size_t(i)] = acc, acc *= n.shape[size_t(i)];
-      if (!deferred[id]) allocate_buffer(g, int(id), b);
+      if (!p.prologue_operand[id]) allocate_buffer(g, int(id), b);
     } else if (n.op == Prim::view) {
       int c = g.arg(n, 0);
       v = apply_view(b.views[size_t(c)], n, n.dtype);

@@ -70,9 +70,24 @@ inline tune::Key matmul_tune_key(const ir::Graph& g, const sched::Kernel& k, con
   return {"matmul", tune::gemm_shape_class(p.batch, p.m, p.n, p.k), p.dtype, layout, arch, codegen::MatmulEpilogue(g, k, l).identity()};
 }
 
+// Whether the tensor cores can read operand o (0: A [M, K], 1: B [K, N]) from slot `slot` of
+// a matmul call (bind.hpp's matmul meta), elements of `es` bytes: contiguous along its K
+// (k_major) or M (N) dim, 16-byte aligned at every row and batch start and at its base (a dim
+// of size 1 has no rows to align).
+inline bool tensor_cores_read(const KernelArgs& a, size_t slot, int o, bool k_major, int64_t es) {
+  const int nd = int(a.meta[0]);
+  const int64_t K = a.meta[1], mn = o ? a.size(nd - 1) : a.size(nd - 2);
+  const int k_dim = o ? nd - 2 : nd - 1, mn_dim = o ? nd - 1 : nd - 2;
+  const int inner = k_major ? k_dim : mn_dim, outer = k_major ? mn_dim : k_dim;
+  const int64_t inner_extent = k_major ? K : mn, outer_extent = k_major ? mn : K;
+  bool ok = (inner_extent == 1 || a.stride(slot, inner) == 1) && (outer_extent == 1 || (a.stride(slot, outer) * es) % 16 == 0) &&
+            reinterpret_cast<uintptr_t>(a.ptrs[slot]) % 16 == 0;
+  for (int d = 0; d + 2 < nd; ++d) ok = ok && (a.stride(slot, d) * es) % 16 == 0;
+  return ok;
+}
+
 // What the GEMM config choice sees of one matmul call (bind.hpp's matmul meta).
-// Tensor cores need each operand contiguous along one matrix dim, 16-byte aligned
-// at every row and batch start (a dim of size 1 has no rows to align).
+// Tensor cores need each operand as tensor_cores_read says.
 inline codegen::GemmProblem gemm_problem(const ir::Graph& g, const sched::Kernel& k, const KernelArgs& a, int arch,
                                          int sm_count) {
   codegen::GemmProblem p;
@@ -87,23 +102,12 @@ inline codegen::GemmProblem gemm_problem(const ir::Graph& g, const sched::Kernel
   p.ops.b_k_major = a.stride(1, nd - 2) == 1 && p.k != 1 && !(a.stride(1, nd - 1) == 1 && p.n != 1);
   int64_t es = int64_t(info(p.dtype).bytes);
   p.ops.elem_bytes = int(es);
-  bool ok = true;
-  auto inner_ok = [&](int slot, int d, int64_t extent) { return extent == 1 || a.stride(slot, d) == 1; };
-  auto outer_ok = [&](int slot, int d, int64_t extent) { return extent == 1 || (a.stride(slot, d) * es) % 16 == 0; };
-  if (p.ops.a_k_major) ok = inner_ok(0, nd - 1, p.k) && outer_ok(0, nd - 2, p.m);
-  else ok = inner_ok(0, nd - 2, p.m) && outer_ok(0, nd - 1, p.k);
-  if (p.ops.b_k_major) ok = ok && inner_ok(1, nd - 2, p.k) && outer_ok(1, nd - 1, p.n);
-  else ok = ok && inner_ok(1, nd - 1, p.n) && outer_ok(1, nd - 2, p.k);
-  for (int s = 0; s < 2; ++s) {
-    ok = ok && reinterpret_cast<uintptr_t>(a.ptrs[size_t(s)]) % 16 == 0;
-    for (int d = 0; d + 2 < nd; ++d) ok = ok && (a.stride(s, d) * es) % 16 == 0;
-  }
-  p.tensor_ok = ok;
+  p.tensor_ok = tensor_cores_read(a, 0, 0, p.ops.a_k_major, es) && tensor_cores_read(a, 1, 1, p.ops.b_k_major, es);
   // The copy engine (wgmma) steps every row and batch stride in 16-byte units, even
   // of a dim of size 1, over at most one batch dim, with 32-bit coordinates.
   auto steps = [&](int slot, int d) { return a.stride(slot, d) > 0 && (a.stride(slot, d) * es) % 16 == 0; };
   auto coord = [](int64_t v) { return v >= 1 && v < (int64_t(1) << 31); };
-  p.tma_ok = ok && nd <= 3 && coord(p.m) && coord(p.n) && coord(p.k) && (nd < 3 || coord(a.size(0))) &&
+  p.tma_ok = p.tensor_ok && nd <= 3 && coord(p.m) && coord(p.n) && coord(p.k) && (nd < 3 || coord(a.size(0))) &&
              steps(0, p.ops.a_k_major ? nd - 2 : nd - 1) && steps(1, p.ops.b_k_major ? nd - 1 : nd - 2);
   return p;
 }
@@ -316,28 +320,20 @@ inline uint32_t whole_slots(const codegen::Layout& l, const KernelArgs& a) {
 
 // Which prologue operands a matmul kernel's GEMM computes itself (bit o: operand o): the kinds
 // whose loads pass through registers. SIMT reads any source; mfma reads 16-byte chunks, so a
-// source must be 16-bit and laid out as gemm_problem's tensor_ok asks of the operand
-// (contiguous along the operand's contiguous dim, rows, batches and base 16-byte aligned).
+// source must be 16-bit and laid out as the tensor cores read the operand (tensor_cores_read).
 // The mma and wgmma kinds' tiles arrive by cp.async or the copy engine, untouched, so they
 // read the operands' buffers, stored first by the prologues' own kernels: one pass over the
 // operand, as a GEMM on cuBLAS behind a cast kernel would.
 inline uint8_t gemm_computed_prologues(const ir::Graph& g, const sched::Kernel& k, const codegen::Layout& l, const KernelArgs& a,
                                        const codegen::GpuVariant& v) {
-  const int nd = int(a.meta[0]);
-  const int64_t K = a.meta[1], extent[2][2] = {{a.size(nd - 2), K}, {K, a.size(nd - 1)}};  // per operand: dims nd-2, nd-1
   uint8_t mask = 0;
   for (int o = 0; o < 2; ++o) {
     const int slot = k.prologue_slot[size_t(o)];
     if (slot < 0) continue;
-    bool ok = v.gemm.kind == codegen::GemmKind::simt;
-    if (v.gemm.kind == codegen::GemmKind::mfma && info(g.nodes[size_t(l.slots[size_t(slot)].node)].dtype).bytes == 2) {
-      const bool k_major = o ? v.gemm_ops.b_k_major : v.gemm_ops.a_k_major;
-      const int inner = (o == 0) == k_major ? nd - 1 : nd - 2, outer = inner == nd - 1 ? nd - 2 : nd - 1;
-      const size_t s = size_t(slot);
-      ok = (extent[o][inner - (nd - 2)] == 1 || a.stride(s, inner) == 1) &&
-           (extent[o][outer - (nd - 2)] == 1 || (a.stride(s, outer) * 2) % 16 == 0) && reinterpret_cast<uintptr_t>(a.ptrs[s]) % 16 == 0;
-      for (int d = 0; d + 2 < nd; ++d) ok = ok && (a.stride(s, d) * 2) % 16 == 0;
-    }
+    const bool k_major = o ? v.gemm_ops.b_k_major : v.gemm_ops.a_k_major;
+    const bool ok = v.gemm.kind == codegen::GemmKind::simt ||
+                    (v.gemm.kind == codegen::GemmKind::mfma && info(g.nodes[size_t(l.slots[size_t(slot)].node)].dtype).bytes == 2 &&
+                     tensor_cores_read(a, size_t(slot), o, k_major, 2));
     if (ok) mask |= uint8_t(1u << o);
   }
   return mask;

@@ -70,6 +70,9 @@ struct Kernel {
 struct Plan {
   std::vector<Kernel> kernels;        // execution order
   std::vector<uint8_t> materialize;   // per node: the plan allocates a buffer for it
+  // per node: a matmul prologue's operand, materialized but bound without a buffer (a backend
+  // allocates it for a call that runs the prologue's own kernel: runtime/bind.hpp)
+  std::vector<uint8_t> prologue_operand;
   Remat remat;                        // a training step: what the backward loads and recomputes
   std::string describe(const ir::Graph& g) const;
 };
@@ -171,6 +174,7 @@ class Scheduler {
   Scheduler(const ir::Graph& g, bool fuse) : g_(g), fuse_(fuse), sym_(symbolic_shapes(g)) {
     size_t n = g.nodes.size();
     plan_.materialize.assign(n, 0);
+    plan_.prologue_operand.assign(n, 0);
     producers_.resize(n);
     kernel_of_.assign(n, -1);
     is_output_.assign(n, 0);
@@ -463,6 +467,7 @@ class Scheduler {
         K.prologue_slot[size_t(s)] = index_of_added(K.loads, src);
         for (int p : scalars) index_of_added(K.params, p);
         plan_.kernels[size_t(from[0])].prologue_of = int(k);
+        plan_.prologue_operand[size_t(c)] = 1;
       }
     }
     for (Kernel& K : plan_.kernels)
