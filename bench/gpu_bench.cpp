@@ -12,7 +12,8 @@
 // W3, x*w+b, W8, split rows, the W4 loss's rows over 2 dims, the sweeps, then the host
 // overhead and W7);
 // KILN_BENCH_ROW=W2 (W1, W3, x*w+b, W8, split, "2 dims") one row.
-// KILN_BENCH_GEMM_SWEEP=1 also times bf16 8192^3 and the W4 step with each GEMM config forced.
+// KILN_BENCH_GEMM_SWEEP=1 also times bf16 8192^3 and the W4 step with each GEMM config forced;
+// KILN_BENCH_ONLY=small (or prologue) those rows alone, KILN_BENCH_GEMM_SMALL_SWEEP=1 each SIMT config forced.
 #include <kiln/kiln.hpp>
 #include <kiln/runtime/cuda_backend.hpp>
 
@@ -281,6 +282,26 @@ static void prologue_benches() {
   }
 }
 
+// f32 GEMMs of fewer tiles than SMs (W7's layers among them): the heuristic's pick, then
+// with KILN_BENCH_GEMM_SMALL_SWEEP=1 every SIMT candidate and a few probes forced.
+static void small_gemm_benches() {
+  using K = codegen::GemmKind;
+  struct Shape3 {
+    int64_t m, n, k;
+  };
+  uint64_t seed = 40;
+  for (Shape3 s : {Shape3{32, 256, 256}, Shape3{256, 512, 512}, Shape3{512, 512, 2048}, Shape3{128, 1024, 4096}, Shape3{1024, 1024, 1024}}) {
+    Tensor<f32, 2> a = randn<f32>(Shape<2>{s.m, s.k}, seed++), b = randn<f32>(Shape<2>{s.k, s.n}, seed++);
+    const std::string name = "f32 small [" + std::to_string(s.m) + "," + std::to_string(s.k) + "]x[" + std::to_string(s.k) + "," +
+                             std::to_string(s.n) + "]";
+    bench_gemm(name, a, b, picked_config(a, b));
+    if (std::getenv("KILN_BENCH_GEMM_SMALL_SWEEP"))
+      bench_candidates(name, a, b, {codegen::gemm_sliced({K::simt, 32, 32, 64, 4, 4, 1}, 4), codegen::gemm_sliced({K::simt, 32, 32, 32, 4, 4, 1}, 8),
+                                    codegen::gemm_sliced({K::simt, 32, 64, 32, 4, 4, 1}, 4), codegen::gemm_sliced({K::simt, 32, 32, 16, 2, 2, 1}, 2),
+                                    codegen::gemm_sliced({K::simt, 64, 64, 32, 4, 4, 1}, 2)});
+  }
+}
+
 static void gemm_benches() {
   auto rnd = [](int64_t r, int64_t c, uint64_t seed) { return Tensor<bf16, 2>(cast<bf16>(randn<f32>(Shape<2>{r, c}, seed))); };
   {
@@ -373,6 +394,7 @@ static void gemm_benches() {
     bench_candidates("f32 4096^3 TF32", a, b);
     set_allow_tf32(false);
   }
+  small_gemm_benches();
   prologue_benches();
 }
 
@@ -572,6 +594,7 @@ int main(int argc, char** argv) {
   bool all = !only || !*only;
   if (all || std::string(only) == "gemm") gemm_benches();
   if (!all && std::string(only) == "prologue") prologue_benches();  // KILN_BENCH_ONLY=prologue: those rows alone
+  if (!all && std::string(only) == "small") small_gemm_benches();    // KILN_BENCH_ONLY=small: f32 GEMMs of few tiles
   // KILN_BENCH_ONLY=w4: the W4 training step alone.
   std::string w4_only = !all && std::string(only) == "w4" ? w4_step_bench() : "";
   // KILN_BENCH_ONLY=rows: the copy ceiling and the memory-bound rows (W1, W2, W3, W8, split rows, the W4

@@ -51,6 +51,9 @@ def main():
     # TF32 allowed, as kiln's rows with kiln::set_allow_tf32(true)
     fbt, fa8, fb8 = r(4096, 4096, torch.float32), r(8192, 8192, torch.float32), r(8192, 8192, torch.float32)
     tf32 = [("f32 4096^3 TF32", fa, fb), ("f32 4096^3 TF32 a@b.t()", fa, fbt.t()), ("f32 8192^3 TF32", fa8, fb8)]
+    # gpu_bench's small f32 GEMMs (fewer tiles than SMs)
+    for m, n, k in ((32, 256, 256), (256, 512, 512), (512, 512, 2048), (128, 1024, 4096), (1024, 1024, 1024)):
+        rows.append((f"f32 small [{m},{k}]x[{k},{n}]", r(m, k, torch.float32), r(k, n, torch.float32)))
     out = []
     for name, p, q in rows + tf32:
         torch.backends.cuda.matmul.allow_tf32 = "TF32" in name

@@ -94,6 +94,17 @@ TEST_CASE("gemm config choice: tensor cores only where dtype, architecture and l
   CHECK(codegen::gemm_heuristic(problem(8192, 8192, 8192, DType::bf16, true, 75)).kind == GemmKind::simt);
   CHECK(codegen::gemm_heuristic(problem(8192, 8192, 8192, DType::bf16, true, 0)).kind == GemmKind::simt);
   CHECK(codegen::gemm_heuristic(problem(8192, 8192, 8192, DType::f32, true, 90)).kind == GemmKind::simt);
+  // SIMT: the largest tile that fills the SMs; below that, the smallest, K in slices where K holds two steps
+  CHECK(codegen::gemm_heuristic(problem(4096, 4096, 4096, DType::f32, false, 90)).bm == 128);
+  CHECK(codegen::gemm_heuristic(problem(1024, 1024, 1024, DType::f32, false, 90)).bm == 64);
+  CHECK(codegen::gemm_heuristic(problem(1024, 1024, 1024, DType::f32, false, 90)).k_slices == 1);
+  for (int64_t k : {64, 512}) {
+    GemmConfig small = codegen::gemm_heuristic(problem(256, 512, k, DType::f32, false, 90));
+    CHECK((small.bm == 32 && small.k_slices == 4));
+    CHECK(codegen::gemm_fits(small, problem(256, 512, k, DType::f32, false, 90)));
+  }
+  CHECK(codegen::gemm_heuristic(problem(256, 512, 63, DType::f32, false, 90)).k_slices == 1);  // one K step
+  CHECK(codegen::gemm_heuristic(problem(256, 512, 512, DType::f64, false, 90)).k_slices == 1);  // none for f64
   for (DType d : {DType::bf16, DType::f16, DType::f32, DType::f64, DType::i32, DType::i64})
     for (int arch : {0, 80, 90})
       for (const GemmConfig& c : codegen::gemm_candidates(d, arch)) {
@@ -135,7 +146,8 @@ TEST_CASE("gemm config choice: tensor cores only where dtype, architecture and l
       CHECK(codegen::gemm_heuristic(problem(4096, 4096, 4096, d, true, arch)).kind == (cdna ? GemmKind::mfma : GemmKind::simt));
     CHECK(codegen::gemm_heuristic(problem(4096, 4096, 4096, DType::bf16, false, arch)).kind == GemmKind::simt);
     CHECK(codegen::gemm_heuristic(problem(4096, 4096, 4096, DType::f32, true, arch)).kind == GemmKind::simt);
-    CHECK(codegen::gemm_tuning_candidates(problem(4096, 4096, 4096, DType::bf16, true, arch)).size() == (cdna ? 7u : 3u));
+    CHECK(codegen::gemm_tuning_candidates(problem(4096, 4096, 4096, DType::bf16, true, arch)).size() ==
+          (cdna ? 7u : codegen::gemm_candidates(DType::bf16, 0).size()));
     for (const GemmConfig& c : codegen::gemm_candidates(DType::bf16, arch)) {
       CAPTURE(c.str());
       CHECK(c.kind == (cdna ? GemmKind::mfma : GemmKind::simt));
@@ -185,7 +197,7 @@ TEST_CASE("gemm config choice: tensor cores only where dtype, architecture and l
   auto no_tma = codegen::gemm_tuning_candidates(problem(8192, 8192, 8192, DType::bf16, true, 90));
   CHECK(count(no_tma, GemmKind::wgmma) == 0);
   CHECK(count(no_tma, GemmKind::mma) == 12);
-  CHECK(codegen::gemm_tuning_candidates(problem(64, 64, 64, DType::f32, true, 90)).size() == 3);
+  CHECK(codegen::gemm_tuning_candidates(problem(64, 64, 64, DType::f32, true, 90)).size() == codegen::gemm_candidates(DType::f32, 0).size());
   // A forced tensor-core config on operands that cannot take it falls back to SIMT; a forced
   // wgmma on operands the copy engine cannot read, to mma.
   GemmConfig mma = codegen::gemm_candidates(DType::bf16, 80).front(), wgmma = codegen::gemm_candidates(DType::bf16, 90).front();

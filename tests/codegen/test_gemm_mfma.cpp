@@ -163,6 +163,9 @@ std::vector<Variant> simt_variants() {
     // and one whose 64 threads do not cover M-major A's 128 rows in whole turns: the loads'
     // general path (each element's own index), not the candidates' pointer and step
     configs.push_back({GemmKind::simt, 128, 32, 8, 8, 8, 1});
+    // K in slices with scalar shared-memory reads (2x2 thread tiles), and f64's in slices
+    configs.push_back(codegen::gemm_sliced({GemmKind::simt, 32, 32, 16, 2, 2, 1}, 2));
+    if (d == DType::f64) configs.push_back(codegen::gemm_sliced({GemmKind::simt, 32, 64, 16, 4, 4, 1}, 4));
     for (const GemmConfig& c : configs)
       for (int layout = 0; layout < 4; ++layout) vs.push_back({c, layout % 2 == 0, layout / 2 == 1, d, false});
   }

@@ -76,17 +76,21 @@ struct GemmConfig {
   // B's box into both blocks' shared memory (TMA multicast), so a 128x256 block reads 3/4 of
   // the bytes from L2 that it would alone (cuBLAS's kernels for W4 run in clusters of two).
   int cluster = 1;
+  // simt only: the block's threads in this many groups, each multiplying its own slice of
+  // every K tile into a whole output tile of its own, summed through shared memory at the
+  // end (sliced K): more threads at work on a tile where the tiles are fewer than the SMs.
+  int k_slices = 1;
 
   int threads() const {
     if (kind == GemmKind::wgmma) return (bm / wm + 1) * 128;
-    return (bm / wm) * (bn / wn) * (kind == GemmKind::mma ? 32 : kind == GemmKind::mfma ? 64 : 1);
+    return (bm / wm) * (bn / wn) * (kind == GemmKind::mma ? 32 : kind == GemmKind::mfma ? 64 : k_slices);
   }
   std::string str() const {
     static const char* names[] = {"simt", "mma", "wgmma", "mfma"};
     return std::string(names[int(kind)]) + "_" + std::to_string(bm) + "x" + std::to_string(bn) +
            "x" + std::to_string(bk) + "_" + std::to_string(wm) + "x" + std::to_string(wn) + "_s" + std::to_string(stages) +
            (persistent ? "_p" : "") + (split_epilogue ? "e" : "") + (stream_k ? "k" : "") + (group != 8 ? "_g" + std::to_string(group) : "") +
-           (cluster > 1 ? "_c" + std::to_string(cluster) : "");
+           (cluster > 1 ? "_c" + std::to_string(cluster) : "") + (k_slices > 1 ? "_ks" + std::to_string(k_slices) : "");
   }
   bool operator==(const GemmConfig&) const = default;
 };
@@ -155,7 +159,8 @@ inline size_t gemm_max_shared(int arch) {
 // The SIMT kind's accumulator bytes (the compute type: f32 for 16-bit dtypes, int64_t for
 // integers), its run G (the elements a thread owns side by side: 16 bytes where its rows and
 // columns hold whole runs, else 1) and its static shared memory: two buffers of A's and B's
-// K tiles, rows padded by G elements.
+// K tiles, rows padded by G elements (with K slices, the same room then holds all but the
+// first slice's sums, where they take more).
 inline int gemm_simt_acc_bytes(DType d) { return d == DType::f64 || d == DType::i32 || d == DType::i64 ? 8 : 4; }
 inline int gemm_simt_run(const GemmConfig& c, DType d) {
   const int g = 16 / gemm_simt_acc_bytes(d);
@@ -163,7 +168,8 @@ inline int gemm_simt_run(const GemmConfig& c, DType d) {
 }
 inline size_t gemm_simt_shared_bytes(const GemmConfig& c, DType d) {
   const int g = gemm_simt_run(c, d);
-  return size_t(2) * size_t(c.bk) * size_t(c.bm + g + c.bn + g) * size_t(gemm_simt_acc_bytes(d));
+  const size_t tiles = size_t(2) * size_t(c.bk) * size_t(c.bm + g + c.bn + g), sums = size_t(c.k_slices - 1) * size_t(c.bm) * size_t(c.bn);
+  return std::max(tiles, sums) * size_t(gemm_simt_acc_bytes(d));
 }
 
 // Whether a config can compute this problem.
@@ -178,6 +184,11 @@ inline bool gemm_fits(const GemmConfig& c, const GemmProblem& p) {
   }
   if (c.kind == GemmKind::mfma) return p.tensor_ok && gemm_has_mfma(p.dtype, p.arch);
   return gemm_simt_shared_bytes(c, p.dtype) <= 48u * 1024;  // static shared memory
+}
+
+inline GemmConfig gemm_sliced(GemmConfig c, int k_slices) {
+  c.k_slices = k_slices;
+  return c;
 }
 
 // Every config a tuner may time for this dtype and architecture; of configs with the
@@ -227,7 +238,9 @@ inline std::vector<GemmConfig> gemm_candidates(DType d, int arch, bool tf32 = fa
   // NOTE: on an H200 (f32 4096^3, each forced; docs/benchmarks.md, sixteenth and eighteenth
   // sessions) 128x128x8 ran at 35.9 TFLOP/s, 128x128x16 at 29.0 (the loads as now); with the
   // 32-bit K check, 64x64x16 24.9, 32x32x16 9.3, 128x64x8 and 64x128x8 (128 threads) 25.1–25.4.
-  return {{K::simt, 128, 128, 8, 8, 8, 1}, {K::simt, 64, 64, 16, 4, 4, 1}, {K::simt, 32, 32, 16, 2, 2, 1}};
+  // Sliced K, for problems of fewer tiles than SMs: a 32x32 tile in 4 slices (256 threads), a 64x64 one in 2.
+  return {{K::simt, 128, 128, 8, 8, 8, 1}, {K::simt, 64, 64, 16, 4, 4, 1}, {K::simt, 32, 32, 16, 2, 2, 1},
+          gemm_sliced({K::simt, 32, 32, 32, 4, 4, 1}, 4), gemm_sliced({K::simt, 64, 64, 16, 4, 4, 1}, 2)};
 }
 
 // Blocks (output tiles) a config launches for this problem.
@@ -273,9 +286,15 @@ inline GemmConfig gemm_heuristic(const GemmProblem& p) {
       if (c.kind == kind && c.bm == bm && c.bn == bn) return c;
     return all.back();
   };
-  std::vector<GemmConfig> ladder = all;
+  std::vector<GemmConfig> ladder;
   GemmKind tc = all.front().kind == GemmKind::mfma ? GemmKind::mfma : GemmKind::mma;  // the tiles below: mma's or mfma's
   if (all.front().kind != GemmKind::simt) ladder = {tile(tc, 128, 128), tile(tc, 64, 128), tile(tc, 64, 64)};
+  // SIMT: whole K steps a thread, then the smallest tile in slices of K where K holds two of its steps.
+  for (const GemmConfig& c : all)
+    if (c.kind == GemmKind::simt && (c.k_slices == 1 || (c.bm == 32 && p.k >= 2 * c.bk))) {
+      if (c.k_slices > 1 && ladder.back().bm == c.bm) ladder.back() = c;
+      else if (c.k_slices == 1) ladder.push_back(c);
+    }
   // NOTE: K of at least one pipeline step; below that the copy engine moves mostly zeros.
   if (all.front().kind == GemmKind::wgmma && gemm_fits(all.front(), p) && p.k >= 64)
     ladder.insert(ladder.begin(), {tile(GemmKind::wgmma, 128, 256), tile(GemmKind::wgmma, 128, 128)});
@@ -616,11 +635,23 @@ class GemmWriter {
   // scalar reads and the fills meet no bank conflicts).
   std::string simt() const {
     std::string acc = compute(), s;
-    const int G = gemm_simt_run(c_, d_);
+    const int G = gemm_simt_run(c_, d_), KS = c_.k_slices;
     const std::string pad = std::to_string(G);
-    s += "  constexpr int TX = BN / WN, TY = BM / WM, G = " + pad + ";\n";
-    s += "  __shared__ __align__(16) " + acc + " As[2][BK][BM + " + pad + "], Bs[2][BK][BN + " + pad + "];\n";
-    s += "  const int tx = threadIdx.x % TX, ty = threadIdx.x / TX;\n";
+    if (KS < 1 || c_.bk % KS)
+      throw Error("kiln: GEMM config " + c_.str() + ": K slices must divide the K step (" + std::to_string(c_.bk) + ")");
+    s += "  constexpr int TX = BN / WN, TY = BM / WM, G = " + pad + ", KS = " + std::to_string(KS) + ";\n";
+    if (KS == 1) {
+      s += "  __shared__ __align__(16) " + acc + " As[2][BK][BM + G], Bs[2][BK][BN + G];\n";
+      s += "  const int tx = threadIdx.x % TX, ty = threadIdx.x / TX;\n";
+    } else {
+      // Thread (ks, ty, tx): slice ks multiplies rows [ks * BK / KS, (ks + 1) * BK / KS) of
+      // each K tile. Once the tiles are done with, their room holds slices 1.. sums (a
+      // thread's WM x WN, each of them TX * TY apart: the writes and reads meet no bank conflicts).
+      s += "  __shared__ __align__(16) union { struct { " + acc + " a[2][BK][BM + G], b[2][BK][BN + G]; } t; " + acc +
+           " sums[KS - 1][WM * WN][TX * TY]; } kiln_sm;\n";
+      s += "  auto& As = kiln_sm.t.a; auto& Bs = kiln_sm.t.b;\n";
+      s += "  const int tt = threadIdx.x % (TX * TY), ks = threadIdx.x / (TX * TY), tx = tt % TX, ty = tt / TX;\n";
+    }
     s += "  " + acc + " acc[WM][WN];\n";
     s += "#pragma unroll\n  for (int i = 0; i < WM; ++i)\n#pragma unroll\n  for (int j = 0; j < WN; ++j) acc[i][j] = 0;\n";
     // Walk the contiguous dim fastest across threads, so the loads coalesce.
@@ -708,7 +739,7 @@ class GemmWriter {
     s += "  load(0);\n  store(0);\n  __syncthreads();\n  int cur = 0;\n";
     s += "  for (int64_t k0 = 0; k0 < K; k0 += BK) {\n";
     s += "    const bool more = k0 + BK < K;\n    if (more) load(k0 + BK);\n";
-    s += "#pragma unroll\n    for (int kk = 0; kk < BK; ++kk) {\n      " + acc + " a[WM], b[WN];\n";
+    s += "#pragma unroll\n    for (int kq = 0; kq < BK / KS; ++kq) {\n      const int kk = " + std::string(KS == 1 ? "kq" : "ks * (BK / KS) + kq") + ";\n      " + acc + " a[WM], b[WN];\n";
     if (G > 1) {
       auto run = [&](const std::string& v, const std::string& sm, const std::string& n, const std::string& T, const std::string& t) {
         return "#pragma unroll\n      for (int i = 0; i < " + n + " / G; ++i) {\n        const uint4 q = *(const uint4*)&" + sm + "[cur][kk][i * " + T +
@@ -723,10 +754,15 @@ class GemmWriter {
     s += "#pragma unroll\n      for (int i = 0; i < WM; ++i)\n#pragma unroll\n      for (int j = 0; j < WN; ++j) acc[i][j] += a[i] * b[j];\n";
     // The other buffer was last read before the previous barrier: free to fill.
     s += "    }\n    if (more) store(cur ^ 1);\n    __syncthreads();\n    cur ^= 1;\n  }\n";
+    if (KS > 1) {  // the loop's last barrier is behind every read of the tiles
+      s += "  if (ks > 0)\n#pragma unroll\n    for (int i = 0; i < WM * WN; ++i) kiln_sm.sums[ks - 1][i][tt] = acc[i / WN][i % WN];\n";
+      s += "  __syncthreads();\n  if (ks == 0) {\n";  // slice 0 adds the others' sums in order and stores
+      s += "  for (int q = 0; q < KS - 1; ++q)\n#pragma unroll\n    for (int i = 0; i < WM * WN; ++i) acc[i / WN][i % WN] += kiln_sm.sums[q][i][tt];\n";
+    }
     s += "#pragma unroll\n  for (int i = 0; i < WM; ++i)\n#pragma unroll\n  for (int j = 0; j < WN; ++j) {\n";
     s += "    const int64_t row = m0 + (i / G) * TY * G + ty * G + i % G, col = n0 + (j / G) * TX * G + tx * G + j % G;\n";
     s += emit_store("    ", "row", "col", "acc[i][j]");
-    return s + "  }\n";
+    return s + (KS > 1 ? "  }\n  }\n" : "  }\n");
   }
 
   GemmConfig c_;
