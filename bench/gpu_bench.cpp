@@ -295,10 +295,13 @@ static void small_gemm_benches() {
     const std::string name = "f32 small [" + std::to_string(s.m) + "," + std::to_string(s.k) + "]x[" + std::to_string(s.k) + "," +
                              std::to_string(s.n) + "]";
     bench_gemm(name, a, b, picked_config(a, b));
-    if (std::getenv("KILN_BENCH_GEMM_SMALL_SWEEP"))
-      bench_candidates(name, a, b, {codegen::gemm_sliced({K::simt, 32, 32, 64, 4, 4, 1}, 4), codegen::gemm_sliced({K::simt, 32, 32, 32, 4, 4, 1}, 8),
-                                    codegen::gemm_sliced({K::simt, 32, 64, 32, 4, 4, 1}, 4), codegen::gemm_sliced({K::simt, 32, 32, 16, 2, 2, 1}, 2),
-                                    codegen::gemm_sliced({K::simt, 64, 64, 32, 4, 4, 1}, 2)});
+    if (std::getenv("KILN_BENCH_GEMM_SMALL_SWEEP")) {  // probes: each tile in 2 to 16 ranges of K (split-K)
+      std::vector<codegen::GemmConfig> probes;
+      for (codegen::GemmConfig c : {codegen::gemm_sliced({K::simt, 32, 32, 32, 4, 4, 1}, 4), codegen::GemmConfig{K::simt, 64, 64, 16, 4, 4, 1},
+                                    codegen::GemmConfig{K::simt, 128, 128, 8, 8, 8, 1}})
+        for (int sk : {2, 4, 8, 16}) probes.push_back(codegen::gemm_split(c, c.k_slices, sk));
+      bench_candidates(name, a, b, probes);
+    }
   }
 }
 

@@ -41,7 +41,13 @@ constexpr const char* kModel = R"(
 #define __restrict__
 struct alignas(16) uint4 { unsigned x, y, z, w; };
 struct KilnDim3 { unsigned x = 0, y = 0, z = 0; };
-static thread_local KilnDim3 threadIdx, blockIdx;
+static thread_local KilnDim3 threadIdx, blockIdx, gridDim;
+// Split-K's workspace (sums, a counter per tile), its fences and its atomics.
+typedef uint64_t kiln_u64;
+static struct { kiln_u64 ws[2]; } args;
+#define __threadfence() __atomic_thread_fence(__ATOMIC_SEQ_CST)
+static unsigned atomicAdd(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+template <class T> T kiln_load_coherent(const T* p) { return *(const volatile T*)p; }
 struct KilnBarrier {  // reusable, for n threads
   std::mutex mu;
   std::condition_variable cv;
@@ -96,22 +102,30 @@ inline uint16_t kiln_f32_to_f16(float f) { _Float16 h = (_Float16)f; uint16_t b;
 #define __builtin_amdgcn_mfma_f32_16x16x16f16 kiln_model_f16_mfma
 #define __builtin_amdgcn_mfma_f32_16x16x16bf16_1k kiln_model_bf16_mfma<4, kiln_i16x4>
 #define __builtin_amdgcn_mfma_f32_16x16x8bf16 kiln_model_bf16_mfma<2, kiln_i16x2>
-// Runs a kernel over `blocks` workgroups of `threads` lanes, one workgroup at a time.
+// Runs a kernel over `blocks` x `splits` workgroups of `threads` lanes, one workgroup at a
+// time, the splits of a tile in turn from the last (a split-K tile's sums added by the first).
 static void kiln_launch(void (*kernel)(void* const*, const int64_t*), void* const* P, const int64_t* M, unsigned blocks,
-                        unsigned threads) {
+                        unsigned threads, unsigned splits = 1) {
   kiln_block_barrier.n = int(threads);
   for (auto& b : kiln_wave_barrier) b.n = 64;
+  std::vector<kiln_u64> sums(size_t(blocks) * splits * 64 * 64);
+  std::vector<unsigned> counts(blocks, 0);
+  args.ws[0] = (kiln_u64)sums.data(), args.ws[1] = (kiln_u64)counts.data();
   std::vector<std::thread> lanes;
   for (unsigned t = 0; t < threads; ++t)
     lanes.emplace_back([=] {
       threadIdx.x = t;
-      for (unsigned b = 0; b < blocks; ++b) {
-        blockIdx.x = b;
-        kernel(P, M);
-        kiln_block_barrier.wait();
-      }
+      gridDim.x = blocks, gridDim.y = splits, gridDim.z = 1;
+      for (unsigned b = 0; b < blocks; ++b)
+        for (unsigned y = splits; y-- > 0;) {
+          blockIdx.x = b, blockIdx.y = y;
+          kernel(P, M);
+          kiln_block_barrier.wait();
+        }
     });
   for (auto& l : lanes) l.join();
+  for (unsigned c : counts)
+    if (c != 0) std::abort();  // the last block of each tile leaves its counter at zero
 }
 )";
 
@@ -166,6 +180,12 @@ std::vector<Variant> simt_variants() {
     // K in slices with scalar shared-memory reads (2x2 thread tiles), and f64's in slices
     configs.push_back(codegen::gemm_sliced({GemmKind::simt, 32, 32, 16, 2, 2, 1}, 2));
     if (d == DType::f64) configs.push_back(codegen::gemm_sliced({GemmKind::simt, 32, 64, 16, 4, 4, 1}, 4));
+    // K in ranges of blocks (split-K): alone, with slices, more ranges than K has steps
+    for (auto [ks, sk] : {std::pair{1, 2}, {4, 3}, {1, 8}}) {
+      GemmConfig c = codegen::gemm_sliced({GemmKind::simt, 32, 32, 16, 4, 4, 1}, ks);
+      c.split_k = sk;
+      configs.push_back(c);
+    }
     for (const GemmConfig& c : configs)
       for (int layout = 0; layout < 4; ++layout) vs.push_back({c, layout % 2 == 0, layout / 2 == 1, d, false});
   }
@@ -182,7 +202,7 @@ std::string simt_program(const std::vector<Variant>& vs) {
     });
     s += "namespace k" + n + " {\nstatic void kernel(void* const* P, const int64_t* M) {\n" + w.body() + "}\n}\n";
     s += "extern \"C\" void kiln_run_" + n + "(void* const* P, const int64_t* M, unsigned blocks) { kiln_launch(k" + n +
-         "::kernel, P, M, blocks, " + std::to_string(v.config.threads()) + "); }\n";
+         "::kernel, P, M, blocks, " + std::to_string(v.config.threads()) + ", " + std::to_string(v.config.split_k) + "); }\n";
   }
   return s;
 }

@@ -80,6 +80,10 @@ struct GemmConfig {
   // every K tile into a whole output tile of its own, summed through shared memory at the
   // end (sliced K): more threads at work on a tile where the tiles are fewer than the SMs.
   int k_slices = 1;
+  // simt only: each tile's K cut into this many ranges, one block each (blockIdx.y); each leaves
+  // its sums in the workspace and the tile's last block to finish adds them all, in order, and
+  // stores (split-K): blocks for the SMs where the tiles are few and K is long.
+  int split_k = 1;
 
   int threads() const {
     if (kind == GemmKind::wgmma) return (bm / wm + 1) * 128;
@@ -90,7 +94,8 @@ struct GemmConfig {
     return std::string(names[int(kind)]) + "_" + std::to_string(bm) + "x" + std::to_string(bn) +
            "x" + std::to_string(bk) + "_" + std::to_string(wm) + "x" + std::to_string(wn) + "_s" + std::to_string(stages) +
            (persistent ? "_p" : "") + (split_epilogue ? "e" : "") + (stream_k ? "k" : "") + (group != 8 ? "_g" + std::to_string(group) : "") +
-           (cluster > 1 ? "_c" + std::to_string(cluster) : "") + (k_slices > 1 ? "_ks" + std::to_string(k_slices) : "");
+           (cluster > 1 ? "_c" + std::to_string(cluster) : "") + (k_slices > 1 ? "_ks" + std::to_string(k_slices) : "") +
+           (split_k > 1 ? "_sk" + std::to_string(split_k) : "");
   }
   bool operator==(const GemmConfig&) const = default;
 };
@@ -174,6 +179,7 @@ inline size_t gemm_simt_shared_bytes(const GemmConfig& c, DType d) {
 
 // Whether a config can compute this problem.
 inline bool gemm_fits(const GemmConfig& c, const GemmProblem& p) {
+  if ((c.k_slices > 1 || c.split_k > 1) && c.kind != GemmKind::simt) return false;
   if (c.kind == GemmKind::wgmma)
     return p.tma_ok && p.tensor_ok && gemm_has_wgmma(p.dtype, p.arch) &&
            (c.cluster == 1 || (c.persistent && !c.stream_k && c.bn % (64 * c.cluster) == 0));
@@ -188,6 +194,10 @@ inline bool gemm_fits(const GemmConfig& c, const GemmProblem& p) {
 
 inline GemmConfig gemm_sliced(GemmConfig c, int k_slices) {
   c.k_slices = k_slices;
+  return c;
+}
+inline GemmConfig gemm_split(GemmConfig c, int k_slices, int split_k) {
+  c.k_slices = k_slices, c.split_k = split_k;
   return c;
 }
 
@@ -238,9 +248,11 @@ inline std::vector<GemmConfig> gemm_candidates(DType d, int arch, bool tf32 = fa
   // NOTE: on an H200 (f32 4096^3, each forced; docs/benchmarks.md, sixteenth and eighteenth
   // sessions) 128x128x8 ran at 35.9 TFLOP/s, 128x128x16 at 29.0 (the loads as now); with the
   // 32-bit K check, 64x64x16 24.9, 32x32x16 9.3, 128x64x8 and 64x128x8 (128 threads) 25.1–25.4.
-  // Sliced K, for problems of fewer tiles than SMs: a 32x32 tile in 4 slices (256 threads), a 64x64 one in 2.
+  // Sliced K, for problems of fewer tiles than SMs: a 32x32 tile in 4 slices (256 threads), a 64x64 one in 2;
+  // K in 4 ranges of blocks (split-K) of the 32x32 and 64x64 tiles.
   return {{K::simt, 128, 128, 8, 8, 8, 1}, {K::simt, 64, 64, 16, 4, 4, 1}, {K::simt, 32, 32, 16, 2, 2, 1},
-          gemm_sliced({K::simt, 32, 32, 32, 4, 4, 1}, 4), gemm_sliced({K::simt, 64, 64, 16, 4, 4, 1}, 2)};
+          gemm_sliced({K::simt, 32, 32, 32, 4, 4, 1}, 4), gemm_sliced({K::simt, 64, 64, 16, 4, 4, 1}, 2),
+          gemm_split({K::simt, 32, 32, 32, 4, 4, 1}, 4, 4), gemm_split({K::simt, 64, 64, 16, 4, 4, 1}, 1, 4)};
 }
 
 // Blocks (output tiles) a config launches for this problem.
@@ -291,7 +303,7 @@ inline GemmConfig gemm_heuristic(const GemmProblem& p) {
   if (all.front().kind != GemmKind::simt) ladder = {tile(tc, 128, 128), tile(tc, 64, 128), tile(tc, 64, 64)};
   // SIMT: whole K steps a thread, then the smallest tile in slices of K where K holds two of its steps.
   for (const GemmConfig& c : all)
-    if (c.kind == GemmKind::simt && (c.k_slices == 1 || (c.bm == 32 && p.k >= 2 * c.bk))) {
+    if (c.kind == GemmKind::simt && c.split_k == 1 && (c.k_slices == 1 || (c.bm == 32 && p.k >= 2 * c.bk))) {
       if (c.k_slices > 1 && ladder.back().bm == c.bm) ladder.back() = c;
       else if (c.k_slices == 1) ladder.push_back(c);
     }
@@ -635,7 +647,8 @@ class GemmWriter {
   // scalar reads and the fills meet no bank conflicts).
   std::string simt() const {
     std::string acc = compute(), s;
-    const int G = gemm_simt_run(c_, d_), KS = c_.k_slices;
+    const int G = gemm_simt_run(c_, d_), KS = c_.k_slices, SK = c_.split_k;
+    const std::string kend = SK > 1 ? "k_hi" : "K";  // where this block's K ends
     const std::string pad = std::to_string(G);
     if (KS < 1 || c_.bk % KS)
       throw Error("kiln: GEMM config " + c_.str() + ": K slices must divide the K step (" + std::to_string(c_.bk) + ")");
@@ -703,12 +716,12 @@ class GemmWriter {
         t += "    const " + raw_type(operand) + "* q" + x + " = p" + x + " + k0 * " + (operand ? "sbk" : "sak") + ";\n";
       t += "#pragma unroll\n    for (int l = 0; l < (BK * " + rows + " + NT - 1) / NT; ++l) {\n";
       if (uniform(operand)) {
-        t += "      const bool in = (in" + x + " >> l & 1u) && k0 + k" + x + (k_fast ? "" : " + l * (NT / " + rows + ")") + " < K;\n";
+        t += "      const bool in = (in" + x + " >> l & 1u) && k0 + k" + x + (k_fast ? "" : " + l * (NT / " + rows + ")") + " < " + kend + ";\n";
         t += "      " + r + "[l] = in ? *q" + x + " : (" + raw_type(operand) + ")0;\n      q" + x + " += d" + x + ";\n";
       } else {
         t += "      const int e = threadIdx.x + l * NT; " + where(rows, k_fast) + "\n";
         t += std::string("      const int64_t o = ") + (operand ? "n0" : "m0") + " + x, k = k0 + kk;\n";
-        t += "      const bool in = e < BK * " + rows + " && o < " + (operand ? "N" : "Mr") + " && k < K;\n";
+        t += "      const bool in = e < BK * " + rows + " && o < " + (operand ? "N" : "Mr") + " && k < " + kend + ";\n";
         t += "      " + r + "[l] = in ? " + (operand ? "B0[o * sbn + k * sbk]" : "A0[o * sam + k * sak]") + " : (" + raw_type(operand) + ")0;\n";
       }
       if (mask) t += "      v" + r + " |= (uint32_t)in << l;\n";
@@ -731,14 +744,18 @@ class GemmWriter {
            "; ++i) Aw[i] = A[i];\n";
     if ((c_.bk * std::max(c_.bm, c_.bn) + c_.threads() - 1) / c_.threads() > 32)
       throw Error("kiln: GEMM config " + c_.str() + ": more than 32 elements a thread per tile (the masks' bits)");
+    if (SK > 1)  // this block's whole K steps [k_lo, k_hi)
+      s += "  constexpr int SK = " + std::to_string(SK) + ";\n  const int64_t k_run = (K + SK * BK - 1) / (SK * BK) * BK, k_lo = "
+           "blockIdx.y * k_run, k_hi = k_lo + k_run < K ? k_lo + k_run : K;\n";
     s += load_setup(0) + load_setup(1);
     s += "  " + raw_type(0) + " ra[(BK * BM + NT - 1) / NT];\n  " + raw_type(1) + " rb[(BK * BN + NT - 1) / NT];\n";
     s += "  uint32_t vra = 0, vrb = 0; (void)vra; (void)vrb;\n";
     s += "  auto load = [&](int64_t k0) {\n" + load(0) + load(1) + "  };\n";
     s += "  auto store = [&](int b) {\n" + store(0) + store(1) + "  };\n";
-    s += "  load(0);\n  store(0);\n  __syncthreads();\n  int cur = 0;\n";
-    s += "  for (int64_t k0 = 0; k0 < K; k0 += BK) {\n";
-    s += "    const bool more = k0 + BK < K;\n    if (more) load(k0 + BK);\n";
+    const std::string k_lo = SK > 1 ? "k_lo" : "0";
+    s += "  load(" + k_lo + ");\n  store(0);\n  __syncthreads();\n  int cur = 0;\n";
+    s += "  for (int64_t k0 = " + k_lo + "; k0 < " + kend + "; k0 += BK) {\n";
+    s += "    const bool more = k0 + BK < " + kend + ";\n    if (more) load(k0 + BK);\n";
     s += "#pragma unroll\n    for (int kq = 0; kq < BK / KS; ++kq) {\n      const int kk = " + std::string(KS == 1 ? "kq" : "ks * (BK / KS) + kq") + ";\n      " + acc + " a[WM], b[WN];\n";
     if (G > 1) {
       auto run = [&](const std::string& v, const std::string& sm, const std::string& n, const std::string& T, const std::string& t) {
@@ -754,15 +771,39 @@ class GemmWriter {
     s += "#pragma unroll\n      for (int i = 0; i < WM; ++i)\n#pragma unroll\n      for (int j = 0; j < WN; ++j) acc[i][j] += a[i] * b[j];\n";
     // The other buffer was last read before the previous barrier: free to fill.
     s += "    }\n    if (more) store(cur ^ 1);\n    __syncthreads();\n    cur ^= 1;\n  }\n";
+    // Who stores: slice 0 of the block (K slices), of the tile's last block (split-K).
+    std::string stores = KS > 1 ? "ks == 0" : "";
     if (KS > 1) {  // the loop's last barrier is behind every read of the tiles
       s += "  if (ks > 0)\n#pragma unroll\n    for (int i = 0; i < WM * WN; ++i) kiln_sm.sums[ks - 1][i][tt] = acc[i / WN][i % WN];\n";
-      s += "  __syncthreads();\n  if (ks == 0) {\n";  // slice 0 adds the others' sums in order and stores
-      s += "  for (int q = 0; q < KS - 1; ++q)\n#pragma unroll\n    for (int i = 0; i < WM * WN; ++i) acc[i / WN][i % WN] += kiln_sm.sums[q][i][tt];\n";
+      s += "  __syncthreads();\n  if (ks == 0)\n";  // slice 0 adds the others' sums in order
+      s += "    for (int q = 0; q < KS - 1; ++q)\n#pragma unroll\n      for (int i = 0; i < WM * WN; ++i) acc[i / WN][i % WN] += kiln_sm.sums[q][i][tt];\n";
     }
+    if (SK > 1) {
+      // Each block's sums to its slot of the workspace (tile t, range y: slot t * SK + y, a
+      // thread's WM x WN each TX * TY apart); the tile's last block to arrive adds the SK
+      // slots in order (the same sums on every run), resets the tile's counter for the next
+      // launch and stores.
+      const std::string mine = KS > 1 ? "ks == 0" : "true";
+      s += "  " + acc + "* const kiln_part = (" + acc + "*)args.ws[0];\n  unsigned* const kiln_count = (unsigned*)args.ws[1];\n";
+      s += "  const int64_t kiln_tile = (int64_t)blockIdx.z * gridDim.x + blockIdx.x;\n";
+      s += "  if (" + mine + ") {\n    " + acc + "* const w = kiln_part + (kiln_tile * SK + blockIdx.y) * (int64_t)(BM * BN);\n";
+      s += "#pragma unroll\n    for (int i = 0; i < WM * WN; ++i) w[i * (TX * TY) + " + std::string(KS > 1 ? "tt" : "threadIdx.x") +
+           "] = acc[i / WN][i % WN];\n  }\n";
+      s += "  __threadfence();\n  __syncthreads();\n  __shared__ int kiln_last;\n";
+      s += "  if (threadIdx.x == 0) kiln_last = atomicAdd(kiln_count + kiln_tile, 1u) == (unsigned)(SK - 1);\n";
+      s += "  __syncthreads();\n  if (kiln_last) __threadfence();\n";
+      s += "  if (kiln_last && " + mine + ") {\n#pragma unroll\n    for (int i = 0; i < WM * WN; ++i) acc[i / WN][i % WN] = 0;\n";
+      s += "    for (int y = 0; y < SK; ++y) {\n      const " + acc + "* const w = kiln_part + (kiln_tile * SK + y) * (int64_t)(BM * BN);\n";
+      s += "#pragma unroll\n      for (int i = 0; i < WM * WN; ++i) acc[i / WN][i % WN] += kiln_load_coherent(w + i * (TX * TY) + " +
+           std::string(KS > 1 ? "tt" : "threadIdx.x") + ");\n    }\n  }\n";
+      s += "  if (kiln_last && threadIdx.x == 0) kiln_count[kiln_tile] = 0;\n";
+      stores = stores.empty() ? "kiln_last" : "kiln_last && " + stores;
+    }
+    if (!stores.empty()) s += "  if (" + stores + ") {\n";
     s += "#pragma unroll\n  for (int i = 0; i < WM; ++i)\n#pragma unroll\n  for (int j = 0; j < WN; ++j) {\n";
     s += "    const int64_t row = m0 + (i / G) * TY * G + ty * G + i % G, col = n0 + (j / G) * TX * G + tx * G + j % G;\n";
     s += emit_store("    ", "row", "col", "acc[i][j]");
-    return s + (KS > 1 ? "  }\n  }\n" : "  }\n");
+    return s + (stores.empty() ? "  }\n" : "  }\n  }\n");
   }
 
   GemmConfig c_;

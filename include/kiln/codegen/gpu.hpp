@@ -86,8 +86,9 @@ struct GpuVariant {
   // A prologue's own kernel whose GEMM computes the operand itself: not launched.
   bool skip = false;
   // The argument struct ends with workspace words: split rows' partials and counters, or a
-  // stream-K GEMM's slots and flags (a tile of floats and a flag per block).
-  bool workspace() const { return split || (gemm.persistent && gemm.stream_k); }
+  // stream-K GEMM's slots and flags (a tile of floats and a flag per block), or a split-K
+  // GEMM's (a tile of sums per block, a counter per tile).
+  bool workspace() const { return split || (gemm.persistent && gemm.stream_k) || (gemm.kind == GemmKind::simt && gemm.split_k > 1); }
 };
 
 // The workspace words an argument struct ends with (GpuVariant::workspace): partials, counters.

@@ -477,7 +477,8 @@ inline GpuLaunch gpu_launch_shape(const sched::Kernel& k, const KernelArgs& a, c
     L.block = {unsigned(c.threads()), 1, 1};
     // Clusters (persistent): whole clusters, each on a tile `cluster` tiles tall.
     const int64_t cl = c.cluster, tiles = ((m + c.bm * cl - 1) / (c.bm * cl)) * ((n + c.bn - 1) / c.bn);
-    L.grid = {unsigned(c.persistent ? cl * std::min<int64_t>(tiles, std::max<int64_t>(sm_count / cl, 1)) : tiles), 1, unsigned(batch)};
+    L.grid = {unsigned(c.persistent ? cl * std::min<int64_t>(tiles, std::max<int64_t>(sm_count / cl, 1)) : tiles),
+              unsigned(c.kind == codegen::GemmKind::simt ? c.split_k : 1), unsigned(batch)};
     L.shared_bytes = unsigned(codegen::gemm_shared_bytes(c, v.gemm_ops));
     return L;
   }
@@ -507,8 +508,11 @@ inline GpuLaunch gpu_launch_shape(const sched::Kernel& k, const KernelArgs& a, c
 
 // The 8-byte words of partials a kernel leaves in the workspace: one per reduction and block
 // (split rows), or per reduction, block and column (split column rows); a stream-K GEMM's
-// slot of a tile's f32 sums per block.
+// slot of a tile's f32 sums per block; a split-K GEMM's tile of sums per block (a word each:
+// the widest accumulator).
 inline size_t gpu_workspace_words(const sched::Kernel& k, const codegen::GpuVariant& v, const GpuLaunch& L, int warp) {
+  if (k.kind == sched::KernelKind::matmul && v.gemm.kind == codegen::GemmKind::simt)
+    return size_t(L.grid.x) * L.grid.y * L.grid.z * size_t(v.gemm.bm) * size_t(v.gemm.bn);
   if (k.kind == sched::KernelKind::matmul) return size_t(L.grid.x) * size_t(v.gemm.bm) * size_t(v.gemm.bn) / 2;
   size_t per_block = v.cols ? size_t(warp) * size_t(std::max(v.vec, 1)) : 1;
   return size_t(L.grid.x) * L.grid.y * per_block * std::max<size_t>(k.reduces.size(), 1);
@@ -571,10 +575,10 @@ inline Hash128 variant_key(const std::vector<codegen::GpuVariant>& vars) {
   for (const codegen::GpuVariant& v : vars) {
     if (!v.strides.empty()) vh.add(v.strides.data(), v.strides.size());
     const codegen::GemmConfig& gc = v.gemm;
-    int32_t w[31] = {v.vec, v.group, v.persist, v.split, v.threads, int(gc.kind), gc.bm, gc.bn, gc.bk, gc.wm, gc.wn, gc.stages,
+    int32_t w[32] = {v.vec, v.group, v.persist, v.split, v.threads, int(gc.kind), gc.bm, gc.bn, gc.bk, gc.wm, gc.wn, gc.stages,
                      gc.persistent, gc.split_epilogue, v.gemm_ops.a_k_major, v.gemm_ops.b_k_major, v.cols, v.epilogue_vec, v.vec_rows,
                      v.resident, v.stream, v.exact, int32_t(v.whole), v.rank, v.outer_rank, gc.group, gc.stream_k, gc.cluster,
-                     v.prologue, v.skip, gc.k_slices};
+                     v.prologue, v.skip, gc.k_slices, gc.split_k};
     vh.add(w, sizeof w);
   }
   return vh.digest();
@@ -724,7 +728,7 @@ class GpuBackend final : public Backend {
     const auto& props = dev.properties();
     GpuLaunch L = gpu_launch_shape(kernel, args, v, props.sm_count, props.warp_size);
     uint64_t ws[codegen::kGpuSplitWords] = {};
-    if (v.workspace()) split_workspace(dev, gpu_workspace_words(kernel, v, L, props.warp_size), L.grid.x, ws);
+    if (v.workspace()) split_workspace(dev, gpu_workspace_words(kernel, v, L, props.warp_size), L.grid.x * L.grid.z, ws);
     gpu_arg_block(layout, args, v, ws, block);
     if (v.gemm.kind == codegen::GemmKind::wgmma) Api::tensor_maps(args, v, maps);
     return L;
