@@ -94,17 +94,30 @@ TEST_CASE("gemm config choice: tensor cores only where dtype, architecture and l
   CHECK(codegen::gemm_heuristic(problem(8192, 8192, 8192, DType::bf16, true, 75)).kind == GemmKind::simt);
   CHECK(codegen::gemm_heuristic(problem(8192, 8192, 8192, DType::bf16, true, 0)).kind == GemmKind::simt);
   CHECK(codegen::gemm_heuristic(problem(8192, 8192, 8192, DType::f32, true, 90)).kind == GemmKind::simt);
-  // SIMT: the largest tile that fills the SMs; below that, the smallest, K in slices where K holds two steps
-  CHECK(codegen::gemm_heuristic(problem(4096, 4096, 4096, DType::f32, false, 90)).bm == 128);
-  CHECK(codegen::gemm_heuristic(problem(1024, 1024, 1024, DType::f32, false, 90)).bm == 64);
-  CHECK(codegen::gemm_heuristic(problem(1024, 1024, 1024, DType::f32, false, 90)).k_slices == 1);
-  for (int64_t k : {64, 512}) {
-    GemmConfig small = codegen::gemm_heuristic(problem(256, 512, k, DType::f32, false, 90));
-    CHECK((small.bm == 32 && small.k_slices == 4));
-    CHECK(codegen::gemm_fits(small, problem(256, 512, k, DType::f32, false, 90)));
+  // SIMT: the largest tile that fills the SMs with K in up to 16 ranges of at least 128 (split-K);
+  // else the smallest, 32x32 in slices of K where K holds two of its steps
+  auto simt = [](int64_t m, int64_t n, int64_t k, DType d = DType::f32) {
+    GemmConfig c = codegen::gemm_heuristic(problem(m, n, k, d, false, 90));
+    CHECK(codegen::gemm_fits(c, problem(m, n, k, d, false, 90)));
+    CHECK(c.kind == GemmKind::simt);
+    return std::tuple{c.bm, c.k_slices, c.split_k};
+  };
+  CHECK(simt(4096, 4096, 4096) == std::tuple{128, 1, 1});
+  CHECK(simt(1024, 1024, 1024) == std::tuple{128, 1, 2});   // 64 tiles in 2 ranges
+  CHECK(simt(128, 1024, 4096) == std::tuple{128, 1, 16});   // 8 tiles in 16 ranges of 256
+  CHECK(simt(256, 512, 512) == std::tuple{64, 1, 4});       // 128x128: 8 tiles in 4 ranges of 128 do not fill the SMs
+  CHECK(simt(1024, 512, 64) == std::tuple{64, 1, 1});       // K too short to split
+  CHECK(simt(256, 512, 64) == std::tuple{32, 4, 1});        // 128 tiles of 32x32
+  CHECK(simt(256, 512, 63) == std::tuple{32, 1, 1});        // one K step: no slices
+  CHECK(simt(32, 256, 256) == std::tuple{32, 4, 2});        // few tiles at every size: the smallest, split
+  CHECK(simt(256, 512, 512, DType::f64) == std::tuple{64, 1, 4});
+  GemmProblem batched_simt = problem(64, 64, 4096, DType::f32, false, 90);
+  batched_simt.batch = 200;  // 200 tiles of 128x128: no split
+  CHECK(codegen::gemm_heuristic(batched_simt).split_k == 1);
+  for (GemmProblem q : {problem(128, 1024, 4096, DType::f32, false, 90), problem(32, 256, 256, DType::f32, false, 90)}) {
+    auto tuned = codegen::gemm_tuning_candidates(q);  // the heuristic's split among what max-autotune times
+    CHECK(std::find(tuned.begin(), tuned.end(), codegen::gemm_heuristic(q)) != tuned.end());
   }
-  CHECK(codegen::gemm_heuristic(problem(256, 512, 63, DType::f32, false, 90)).k_slices == 1);  // one K step
-  CHECK(codegen::gemm_heuristic(problem(256, 512, 512, DType::f64, false, 90)).k_slices == 1);  // none for f64
   for (DType d : {DType::bf16, DType::f16, DType::f32, DType::f64, DType::i32, DType::i64})
     for (int arch : {0, 80, 90})
       for (const GemmConfig& c : codegen::gemm_candidates(d, arch)) {

@@ -277,14 +277,45 @@ inline GemmConfig gemm_clustered(const GemmConfig& c, const GemmProblem& p) {
 // What max-autotune times for this problem: the candidates that fit it; a split epilogue
 // only where the epilogue is heavy; where wgmma fits, no mma config (on an H200 every mma
 // config ran at half wgmma's speed or less: docs/benchmarks.md; compiling them was a
-// third of W4's tuning time); persistent ones in clusters where the heuristic would cluster.
+// third of W4's tuning time); persistent ones in clusters where the heuristic would cluster;
+// and the heuristic's own choice (a SIMT tile's split-K depends on the problem).
+inline GemmConfig gemm_heuristic(const GemmProblem& p);
 inline std::vector<GemmConfig> gemm_tuning_candidates(const GemmProblem& p) {
   std::vector<GemmConfig> all = gemm_candidates(p.dtype, p.tensor_ok ? p.arch : 0, p.tf32), out;
   bool hopper = std::any_of(all.begin(), all.end(), [&](const GemmConfig& c) { return c.kind == GemmKind::wgmma && gemm_fits(c, p); });
   for (const GemmConfig& c : all)
     if (gemm_fits(c, p) && !(hopper && c.kind == GemmKind::mma) && (p.heavy_epilogue || !c.split_epilogue))
       out.push_back(gemm_clustered(c, p));
+  if (GemmConfig h = gemm_heuristic(p); std::find(out.begin(), out.end(), h) == out.end()) out.push_back(h);
   return out;
+}
+
+// SIMT's choice: the largest tile (128x128, 64x64, then 32x32, in slices of K where K holds
+// two of its steps) whose tiles fill the SMs with K cut into up to 16 ranges of blocks
+// (split-K), each at least kGemmMinRange long and the blocks within a tenth of one wave; else
+// the smallest tile, so split. NOTE: on an H200 (f32, KILN_BENCH_ONLY=small
+// KILN_BENCH_GEMM_SMALL_SWEEP=1 gpu_bench; docs/benchmarks.md, nineteenth session) this took
+// [1024,1024]x[1024,1024] from 0.097 to 0.077 ms (128x128, 2 ranges), [128,4096]x[4096,1024]
+// from 0.234 to 0.052 (128x128, 16), [256,512]x[512,512] from 0.032 to 0.015 (64x64, 4); each
+// within 10% of the best forced config but [32,256]x[256,256] (0.010 against 0.009).
+inline constexpr int64_t kGemmMinRange = 128;
+inline GemmConfig gemm_simt_heuristic(const std::vector<GemmConfig>& all, const GemmProblem& p) {
+  std::vector<GemmConfig> ladder;
+  for (const GemmConfig& c : all)
+    if (c.kind == GemmKind::simt && c.split_k == 1 && c.k_slices == 1) ladder.push_back(c);
+  for (const GemmConfig& c : all)
+    if (c.kind == GemmKind::simt && c.split_k == 1 && c.k_slices > 1 && c.bm == 32 && ladder.back().bm == 32 && p.k >= 2 * c.bk)
+      ladder.back() = c;
+  auto split = [&](GemmConfig c) {
+    const int64_t tiles = gemm_tiles(c, p);
+    while (c.split_k < 16 && tiles * c.split_k * 2 * 10 <= p.sm_count * 11 && p.k >= 2 * c.split_k * kGemmMinRange) c.split_k *= 2;
+    return c;
+  };
+  for (const GemmConfig& c : ladder) {
+    GemmConfig t = split(c);
+    if (gemm_tiles(t, p) * t.split_k * 10 >= p.sm_count * 9) return t;
+  }
+  return split(ladder.back());
 }
 
 // The default mode's choice, no tuning: the largest block tile (wgmma's 128x256,
@@ -298,15 +329,9 @@ inline GemmConfig gemm_heuristic(const GemmProblem& p) {
       if (c.kind == kind && c.bm == bm && c.bn == bn) return c;
     return all.back();
   };
-  std::vector<GemmConfig> ladder;
+  if (all.front().kind == GemmKind::simt) return gemm_simt_heuristic(all, p);
   GemmKind tc = all.front().kind == GemmKind::mfma ? GemmKind::mfma : GemmKind::mma;  // the tiles below: mma's or mfma's
-  if (all.front().kind != GemmKind::simt) ladder = {tile(tc, 128, 128), tile(tc, 64, 128), tile(tc, 64, 64)};
-  // SIMT: whole K steps a thread, then the smallest tile in slices of K where K holds two of its steps.
-  for (const GemmConfig& c : all)
-    if (c.kind == GemmKind::simt && c.split_k == 1 && (c.k_slices == 1 || (c.bm == 32 && p.k >= 2 * c.bk))) {
-      if (c.k_slices > 1 && ladder.back().bm == c.bm) ladder.back() = c;
-      else if (c.k_slices == 1) ladder.push_back(c);
-    }
+  std::vector<GemmConfig> ladder = {tile(tc, 128, 128), tile(tc, 64, 128), tile(tc, 64, 64)};
   // NOTE: K of at least one pipeline step; below that the copy engine moves mostly zeros.
   if (all.front().kind == GemmKind::wgmma && gemm_fits(all.front(), p) && p.k >= 64)
     ladder.insert(ladder.begin(), {tile(GemmKind::wgmma, 128, 256), tile(GemmKind::wgmma, 128, 128)});
