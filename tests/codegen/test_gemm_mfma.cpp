@@ -31,6 +31,7 @@ namespace {
 constexpr const char* kModel = R"(
 #include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <thread>
