@@ -295,8 +295,8 @@ inline std::vector<GemmConfig> gemm_tuning_candidates(const GemmProblem& p) {
 // (split-K), each at least kGemmMinRange long and the blocks within a tenth of one wave; else
 // the smallest tile, so split. NOTE: on an H200 (f32, KILN_BENCH_ONLY=small
 // KILN_BENCH_GEMM_SMALL_SWEEP=1 gpu_bench; docs/benchmarks.md, nineteenth session) this took
-// [1024,1024]x[1024,1024] from 0.097 to 0.077 ms (128x128, 2 ranges), [128,4096]x[4096,1024]
-// from 0.234 to 0.052 (128x128, 16), [256,512]x[512,512] from 0.032 to 0.015 (64x64, 4); each
+// [1024,1024]x[1024,1024] from 0.097 to 0.076 ms (128x128, 2 ranges), [128,4096]x[4096,1024]
+// from 0.234 to 0.052 (128x128, 16), [256,512]x[512,512] from 0.032 to 0.014 (64x64, 4); each
 // within 10% of the best forced config but [32,256]x[256,256] (0.010 against 0.009).
 inline constexpr int64_t kGemmMinRange = 128;
 inline GemmConfig gemm_simt_heuristic(const std::vector<GemmConfig>& all, const GemmProblem& p) {
