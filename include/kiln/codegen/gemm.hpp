@@ -25,7 +25,9 @@
 //   simt  any dtype, any strides, CUDA and HIP: register-tiled (WM x WN outputs
 //         per thread, in runs of 16 bytes: one shared-memory read each), K tiles
 //         double-buffered through registers (the next tile's loads in flight while
-//         this one is multiplied), accumulating in the compute type.
+//         this one is multiplied), accumulating in the compute type. Where the tiles
+//         are fewer than the SMs, K in slices of a block's threads (k_slices) and in
+//         ranges of blocks whose sums the tile's last block adds (split_k).
 // Every output element leaves through one callback, store(row, col, value): the
 // fused epilogue of a matmul kernel plugs in there.
 //
