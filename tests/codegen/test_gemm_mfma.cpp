@@ -15,7 +15,9 @@
 // and with both operands computed by prologues from 16-bit sources as the chunks
 // move into LDS (zeros, not f(0), past M, N and K).
 // What it cannot show: that the hardware agrees with the model, and speed. The SIMT
-// kernel (GemmWriter) runs on the same workgroup model, f32 and f64, every layout.
+// kernel (GemmWriter) runs on the same workgroup model, f32 and f64, every layout, its
+// K in slices of a block's threads and in ranges of blocks (split-K: the blocks of a tile
+// run last range first, so the first adds the sums; every counter must end at zero).
 #include <cmath>
 #include <cstring>
 
