@@ -299,7 +299,7 @@ static void small_gemm_benches() {
       std::vector<codegen::GemmConfig> probes;
       for (codegen::GemmConfig c : {codegen::gemm_sliced({K::simt, 32, 32, 32, 4, 4, 1}, 4), codegen::GemmConfig{K::simt, 64, 64, 16, 4, 4, 1},
                                     codegen::GemmConfig{K::simt, 128, 128, 8, 8, 8, 1}})
-        for (int sk : {2, 4, 8, 16}) probes.push_back(codegen::gemm_split(c, c.k_slices, sk));
+        for (int sk : {2, 4, 8, 16}) probes.push_back(codegen::gemm_sliced(c, c.k_slices, sk));
       bench_candidates(name, a, b, probes);
     }
   }

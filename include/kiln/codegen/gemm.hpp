@@ -194,11 +194,8 @@ inline bool gemm_fits(const GemmConfig& c, const GemmProblem& p) {
   return gemm_simt_shared_bytes(c, p.dtype) <= 48u * 1024;  // static shared memory
 }
 
-inline GemmConfig gemm_sliced(GemmConfig c, int k_slices) {
-  c.k_slices = k_slices;
-  return c;
-}
-inline GemmConfig gemm_split(GemmConfig c, int k_slices, int split_k) {
+// A SIMT config with its K in slices of the block's threads and in ranges of blocks (split-K).
+inline GemmConfig gemm_sliced(GemmConfig c, int k_slices, int split_k = 1) {
   c.k_slices = k_slices, c.split_k = split_k;
   return c;
 }
@@ -254,7 +251,7 @@ inline std::vector<GemmConfig> gemm_candidates(DType d, int arch, bool tf32 = fa
   // K in 4 ranges of blocks (split-K) of the 32x32 and 64x64 tiles.
   return {{K::simt, 128, 128, 8, 8, 8, 1}, {K::simt, 64, 64, 16, 4, 4, 1}, {K::simt, 32, 32, 16, 2, 2, 1},
           gemm_sliced({K::simt, 32, 32, 32, 4, 4, 1}, 4), gemm_sliced({K::simt, 64, 64, 16, 4, 4, 1}, 2),
-          gemm_split({K::simt, 32, 32, 32, 4, 4, 1}, 4, 4), gemm_split({K::simt, 64, 64, 16, 4, 4, 1}, 1, 4)};
+          gemm_sliced({K::simt, 32, 32, 32, 4, 4, 1}, 4, 4), gemm_sliced({K::simt, 64, 64, 16, 4, 4, 1}, 1, 4)};
 }
 
 // Blocks (output tiles) a config launches for this problem.
@@ -810,19 +807,18 @@ class GemmWriter {
       // thread's WM x WN each TX * TY apart); the tile's last block to arrive adds the SK
       // slots in order (the same sums on every run), resets the tile's counter for the next
       // launch and stores.
-      const std::string mine = KS > 1 ? "ks == 0" : "true";
+      const std::string mine = KS > 1 ? "ks == 0" : "true", lane = KS > 1 ? "tt" : "threadIdx.x";  // lane: within the tile's threads
       s += "  " + acc + "* const kiln_part = (" + acc + "*)args.ws[0];\n  unsigned* const kiln_count = (unsigned*)args.ws[1];\n";
       s += "  const int64_t kiln_tile = (int64_t)blockIdx.z * gridDim.x + blockIdx.x;\n";
       s += "  if (" + mine + ") {\n    " + acc + "* const w = kiln_part + (kiln_tile * SK + blockIdx.y) * (int64_t)(BM * BN);\n";
-      s += "#pragma unroll\n    for (int i = 0; i < WM * WN; ++i) w[i * (TX * TY) + " + std::string(KS > 1 ? "tt" : "threadIdx.x") +
-           "] = acc[i / WN][i % WN];\n  }\n";
+      s += "#pragma unroll\n    for (int i = 0; i < WM * WN; ++i) w[i * (TX * TY) + " + lane + "] = acc[i / WN][i % WN];\n  }\n";
       s += "  __threadfence();\n  __syncthreads();\n  __shared__ int kiln_last;\n";
       s += "  if (threadIdx.x == 0) kiln_last = atomicAdd(kiln_count + kiln_tile, 1u) == (unsigned)(SK - 1);\n";
       s += "  __syncthreads();\n  if (kiln_last) __threadfence();\n";
       s += "  if (kiln_last && " + mine + ") {\n#pragma unroll\n    for (int i = 0; i < WM * WN; ++i) acc[i / WN][i % WN] = 0;\n";
       s += "    for (int y = 0; y < SK; ++y) {\n      const " + acc + "* const w = kiln_part + (kiln_tile * SK + y) * (int64_t)(BM * BN);\n";
-      s += "#pragma unroll\n      for (int i = 0; i < WM * WN; ++i) acc[i / WN][i % WN] += kiln_load_coherent(w + i * (TX * TY) + " +
-           std::string(KS > 1 ? "tt" : "threadIdx.x") + ");\n    }\n  }\n";
+      s += "#pragma unroll\n      for (int i = 0; i < WM * WN; ++i) acc[i / WN][i % WN] += kiln_load_coherent(w + i * (TX * TY) + " + lane +
+           ");\n    }\n  }\n";
       s += "  if (kiln_last && threadIdx.x == 0) kiln_count[kiln_tile] = 0;\n";
       stores = stores.empty() ? "kiln_last" : "kiln_last && " + stores;
     }
