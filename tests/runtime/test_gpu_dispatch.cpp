@@ -7,7 +7,9 @@
 // memory and argument block — are what the uncached path (gpu_call, gpu_launch_shape,
 // gpu_arg_block, the generator) gives for that call's own buffers, while a changed
 // alignment, stride, shape, device, block-size override or GEMM chooser picks its own
-// variant, and a repeat call loads nothing.
+// variant, and a repeat call loads nothing. In reduce-overhead mode the same launches come
+// from a graph (the fake's keeps each node's arguments as a driver does): built once,
+// replayed, a node updated where its arguments changed, rebuilt where a launch shape did.
 #include <set>
 #include <thread>
 
@@ -35,10 +37,10 @@ struct Dispatch {
 // Runs the expressions' fused plan through `backend` on fake device `ordinal` and checks
 // each launch against the uncached path for the same bound buffers.
 template <class... Es>
-Dispatch dispatch(FakeGpuBackend& backend, int ordinal, const Es&... es) {
+Dispatch dispatch_in(Mode mode, FakeGpuBackend& backend, int ordinal, const Es&... es) {
   ir::Graph g = ir::trace(es...);
   g.device.index = ordinal;
-  auto cp = runtime::plan_for(g, Mode::fused);
+  auto cp = runtime::plan_for(g, mode);
   runtime::Bound b = runtime::bind_buffers(g, cp->plan);
   FakeGpuDevice& dev = FakeGpuApi::device(ordinal);
   const auto& p = dev.props;
@@ -83,6 +85,10 @@ Dispatch dispatch(FakeGpuBackend& backend, int ordinal, const Es&... es) {
     CHECK(l.words == blocks[i]);  // this call's pointers, meta and scalars
   }
   return {dev.modules.size() - loads, want.vars, cp.get()};
+}
+template <class... Es>
+Dispatch dispatch(FakeGpuBackend& backend, int ordinal, const Es&... es) {
+  return dispatch_in(Mode::fused, backend, ordinal, es...);
 }
 
 }  // namespace
@@ -327,4 +333,50 @@ TEST_CASE("GPU dispatch: max-autotune times each GEMM candidate twice, each run 
   for (const auto& part : codegen::gpu_programs(codegen::GpuDialect::cuda, 32, g2, cp2->plan, call2.vars))
     if (cp2->plan.kernels[part.kernels[0]].kind != sched::KernelKind::matmul)
       CHECK(std::find(ahead.begin(), ahead.end(), part.source) != ahead.end());
+}
+
+TEST_CASE("GPU dispatch, reduce-overhead: one graph, replayed; nodes updated for new buffers; rebuilt for new launch shapes") {
+  KILN_TEST_RNG(rng);
+  FakeGpuBackend backend;
+  // Three kernels: a GEMM with its epilogue, the rows of a softmax, a pointwise with a sum.
+  auto layer = [](const Tensor<f32, 2>& x, const Tensor<f32, 2>& w, const Tensor<f32, 1>& b) {
+    return std::tuple(softmax(relu(matmul(x, w) + b), -1), sum(x * 2.0f, 0));
+  };
+  auto w = host(rng, Shape<2>{96, 72}), x = host(rng, Shape<2>{40, 96}), x2 = host(rng, Shape<2>{40, 96});
+  auto b = host(rng, Shape<1>{72});
+  auto run = [&](const Tensor<f32, 2>& in) {
+    auto [y, s] = layer(in, w, b);
+    return dispatch_in(Mode::reduce_overhead, backend, 0, y, s);
+  };
+  auto c0 = counters();
+  Dispatch first = run(x);
+  auto c1 = counters();
+  REQUIRE(FakeGpuApi::device(0).launched.size() >= 2);
+  CHECK(c1.graphs_built - c0.graphs_built == 1);
+  CHECK(c1.graph_replays - c0.graph_replays == 1);
+  CHECK(c1.graph_updates == c0.graph_updates);
+  for (int i = 0; i < 3; ++i) CHECK(run(x).loads == 0);  // dispatch() checks each replay's launches
+  auto c2 = counters();
+  CHECK(c2.graphs_built == c1.graphs_built);
+  CHECK(c2.graph_replays - c1.graph_replays == 3);
+  // The plan's buffers come back in the same order: a repeat call changes no argument.
+  CHECK(c2.graph_updates == c1.graph_updates);
+  // Another input: the nodes that read it are updated, nothing rebuilt.
+  run(x2);
+  auto c3 = counters();
+  CHECK(c3.graphs_built == c2.graphs_built);
+  CHECK(c3.graph_updates > c2.graph_updates);
+  CHECK(c3.graph_updates - c2.graph_updates < FakeGpuApi::device(0).launched.size() + 1);
+  // Other sizes: other grids, a new graph; then back again (the graph holds one set of shapes).
+  auto big = host(rng, Shape<2>{1000, 96});
+  run(big);
+  CHECK(counters().graphs_built == c3.graphs_built + 1);
+  run(x);
+  CHECK(counters().graphs_built == c3.graphs_built + 2);
+  // Fused mode of the same expressions launches kernel by kernel: no graph.
+  auto c4 = counters();
+  auto [y, s] = layer(x, w, b);
+  dispatch(backend, 0, y, s);
+  CHECK(counters().graph_replays == c4.graph_replays);
+  CHECK(first.plan != nullptr);
 }

@@ -114,6 +114,40 @@ struct FakeGpuApi : runtime::GpuDeviceApi<DeviceKind::cpu, codegen::GpuDialect::
     void stop(void*) {}
     float elapsed_ms() const { return 1.0f; }
   };
+  // Mode::reduce_overhead's graph, as the driver keeps one: build and set_params copy each
+  // node's argument words (record_words[i] of them) then and there; a launch records every
+  // node's launch from those copies, so a node the backend forgot to update replays stale
+  // arguments.
+  static bool graphs() { return true; }
+  struct Graph {
+    struct Launch {
+      FakeGpuDevice::Function fn;
+      FakeGpuDevice::Dim3 grid, block;
+      unsigned shared_bytes = 0;
+      void** params = nullptr;
+    };
+    bool built() const { return device != nullptr; }
+    void build(FakeGpuDevice& dev, const std::vector<Launch>& launches) {
+      device = &dev;
+      nodes.clear();
+      for (size_t i = 0; i < launches.size(); ++i) nodes.push_back(node(i, launches[i]));
+    }
+    void set_params(size_t i, const Launch& l) { nodes.at(i) = node(i, l); }
+    void launch() const {
+      if (device->record) device->launched.insert(device->launched.end(), nodes.begin(), nodes.end());
+      device->launches += nodes.size();
+    }
+    FakeGpuDevice* device = nullptr;
+    std::vector<FakeGpuDevice::Launch> nodes;
+
+   private:
+    FakeGpuDevice::Launch node(size_t i, const Launch& l) const {
+      FakeGpuDevice::Launch n{l.fn.module, l.fn.name, l.grid, l.block, l.shared_bytes, {}};
+      const auto* words = static_cast<const uint64_t*>(l.params[0]);
+      if (i < device->record_words.size()) n.words.assign(words, words + device->record_words[i]);
+      return n;
+    }
+  };
 };
 
 using FakeGpuBackend = runtime::GpuBackend<FakeGpuApi>;

@@ -22,6 +22,16 @@ struct View {
 struct Bound {
   std::vector<std::shared_ptr<Storage>> storage;  // per node (materialized ones)
   std::vector<View> views;                        // per node with memory
+
+  Bound() = default;
+  Bound(Bound&&) = default;
+  Bound& operator=(Bound&&) = default;
+  // Buffers go back last allocated first: the caching allocator hands a size class's
+  // blocks out last in, first out, so the plan's next call gets the same addresses (a
+  // reduce-overhead graph then replays with no node to update).
+  ~Bound() {
+    while (!storage.empty()) storage.pop_back();
+  }
 };
 
 }  // namespace kiln::runtime

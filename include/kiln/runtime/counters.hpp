@@ -6,8 +6,11 @@
 // compiles (a compiler actually ran), memory_hits (a loaded module was reused),
 // disk_hits (a verified disk entry was loaded), kernels_launched, tunings
 // (max-autotune benchmarked a key's candidates), tune_db_hits (a tuning database
-// lookup found the key: tune/db.hpp) and plans_built (the scheduler ran: a
-// signature seen for the first time).
+// lookup found the key: tune/db.hpp), plans_built (the scheduler ran: a
+// signature seen for the first time), and for Mode::reduce_overhead graphs_built (a
+// CUDA graph made: the call's kernels or launch shapes changed), graph_updates (kernel
+// nodes whose arguments a call changed: a new input, output or size) and
+// graph_replays (calls launched as one graph).
 #pragma once
 
 #include <atomic>
@@ -17,13 +20,14 @@ namespace kiln {
 
 struct Counters {
   uint64_t compiles = 0, memory_hits = 0, disk_hits = 0, kernels_launched = 0, tunings = 0, tune_db_hits = 0, plans_built = 0;
+  uint64_t graphs_built = 0, graph_updates = 0, graph_replays = 0;
 };
 
 namespace detail {
 
 struct AtomicCounters {
   std::atomic<uint64_t> compiles{0}, memory_hits{0}, disk_hits{0}, kernels_launched{0}, tunings{0}, tune_db_hits{0},
-      plans_built{0};
+      plans_built{0}, graphs_built{0}, graph_updates{0}, graph_replays{0};
 };
 
 // NOTE: a function-local static in an inline function is one object per
@@ -41,7 +45,8 @@ inline Counters counters() {
   return Counters{s.compiles.load(std::memory_order_relaxed), s.memory_hits.load(std::memory_order_relaxed),
                   s.disk_hits.load(std::memory_order_relaxed), s.kernels_launched.load(std::memory_order_relaxed),
                   s.tunings.load(std::memory_order_relaxed), s.tune_db_hits.load(std::memory_order_relaxed),
-                  s.plans_built.load(std::memory_order_relaxed)};
+                  s.plans_built.load(std::memory_order_relaxed), s.graphs_built.load(std::memory_order_relaxed),
+                  s.graph_updates.load(std::memory_order_relaxed), s.graph_replays.load(std::memory_order_relaxed)};
 }
 
 inline void reset_counters() {
@@ -53,6 +58,9 @@ inline void reset_counters() {
   s.tunings.store(0, std::memory_order_relaxed);
   s.tune_db_hits.store(0, std::memory_order_relaxed);
   s.plans_built.store(0, std::memory_order_relaxed);
+  s.graphs_built.store(0, std::memory_order_relaxed);
+  s.graph_updates.store(0, std::memory_order_relaxed);
+  s.graph_replays.store(0, std::memory_order_relaxed);
 }
 
 }  // namespace kiln

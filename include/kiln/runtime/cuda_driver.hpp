@@ -38,6 +38,9 @@ struct CUmod_st;
 struct CUfunc_st;
 struct CUstream_st;
 struct CUevent_st;
+struct CUgraph_st;
+struct CUgraphNode_st;
+struct CUgraphExec_st;
 
 // NOTE: `kiln::cu`, not `kiln::cuda`: core/device.hpp declares the function
 // kiln::cuda(int) (a device, as in torch.device("cuda", 0)), and a namespace may
@@ -52,6 +55,20 @@ using CUmodule = ::CUmod_st*;
 using CUfunction = ::CUfunc_st*;
 using CUstream = ::CUstream_st*;
 using CUevent = ::CUevent_st*;
+using CUgraph = ::CUgraph_st*;
+using CUgraphNode = ::CUgraphNode_st*;
+using CUgraphExec = ::CUgraphExec_st*;
+
+// CUDA_KERNEL_NODE_PARAMS (cuda.h's _v2, what cuGraphAddKernelNode_v2 takes): `kern` and
+// `ctx` stay null, so the node launches `func` in the current context.
+struct KernelNodeParams {
+  CUfunction func = nullptr;
+  unsigned grid_x = 1, grid_y = 1, grid_z = 1, block_x = 1, block_y = 1, block_z = 1, shared_bytes = 0;
+  void** params = nullptr;
+  void** extra = nullptr;
+  void* kern = nullptr;
+  CUcontext ctx = nullptr;
+};
 
 // CUresult values kiln tests for by name.
 inline constexpr CUresult kSuccess = 0;
@@ -151,6 +168,18 @@ struct DriverApi {
   CUresult (*cuTensorMapEncodeTiled)(void* map, int dtype, unsigned rank, void* address, const uint64_t* dims,
                                      const uint64_t* strides, const unsigned* box, const unsigned* element_strides,
                                      int interleave, int swizzle, int l2_promotion, int oob_fill) = nullptr;
+  // Optional (CUDA 12+ drivers; null where missing: Mode::reduce_overhead launches kernel by kernel).
+  CUresult (*cuGraphCreate)(CUgraph*, unsigned) = nullptr;
+  CUresult (*cuGraphAddKernelNode)(CUgraphNode*, CUgraph, const CUgraphNode*, size_t, const KernelNodeParams*) = nullptr;  // _v2
+  CUresult (*cuGraphInstantiate)(CUgraphExec*, CUgraph, unsigned long long) = nullptr;  // cuGraphInstantiateWithFlags
+  CUresult (*cuGraphExecKernelNodeSetParams)(CUgraphExec, CUgraphNode, const KernelNodeParams*) = nullptr;  // _v2
+  CUresult (*cuGraphLaunch)(CUgraphExec, CUstream) = nullptr;
+  CUresult (*cuGraphExecDestroy)(CUgraphExec) = nullptr;
+  CUresult (*cuGraphDestroy)(CUgraph) = nullptr;
+  bool has_graphs() const {
+    return cuGraphCreate && cuGraphAddKernelNode && cuGraphInstantiate && cuGraphExecKernelNodeSetParams && cuGraphLaunch &&
+           cuGraphExecDestroy && cuGraphDestroy;
+  }
 };
 
 // CUtensorMap enum values (cuda.h).
@@ -268,6 +297,13 @@ inline bool load_driver_library(const char* path, DriverApi& api, std::string& w
   }
   std::string optional;
   detail::bind_symbol(lib, api.cuTensorMapEncodeTiled, {"cuTensorMapEncodeTiled"}, optional);
+  detail::bind_symbol(lib, api.cuGraphCreate, {"cuGraphCreate"}, optional);
+  detail::bind_symbol(lib, api.cuGraphAddKernelNode, {"cuGraphAddKernelNode_v2"}, optional);
+  detail::bind_symbol(lib, api.cuGraphInstantiate, {"cuGraphInstantiateWithFlags"}, optional);
+  detail::bind_symbol(lib, api.cuGraphExecKernelNodeSetParams, {"cuGraphExecKernelNodeSetParams_v2"}, optional);
+  detail::bind_symbol(lib, api.cuGraphLaunch, {"cuGraphLaunch"}, optional);
+  detail::bind_symbol(lib, api.cuGraphExecDestroy, {"cuGraphExecDestroy"}, optional);
+  detail::bind_symbol(lib, api.cuGraphDestroy, {"cuGraphDestroy"}, optional);
   api.library = lib;
   api.path = path;
   return true;

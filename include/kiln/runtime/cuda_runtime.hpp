@@ -604,6 +604,108 @@ inline CudaModule& load_cuda_module(const std::string& source, int device = 0,
   return cuda_device(device).load_module(source, extra_options, name_hint);
 }
 
+// ---- graphs --------------------------------------------------------------------
+
+// A chain of kernel launches on one device, instantiated once as a CUDA graph and
+// then launched with one call (Mode::reduce_overhead: one replay instead of a launch
+// per kernel). A node's arguments can be changed between launches (set_params: the
+// same kernel and launch shape); anything else needs build() again. Not thread-safe:
+// one owner (a thread's last call of a plan).
+class CudaGraph {
+ public:
+  struct Launch {
+    CudaFunction fn;
+    Dim3 grid, block;
+    unsigned shared_bytes = 0;
+    void** params = nullptr;  // as cuLaunchKernel takes them; the driver copies the values
+  };
+  // Whether the driver has graphs (CUDA 12+: the entry points are optional).
+  static bool supported() { return cuda_available() && driver().has_graphs(); }
+
+  CudaGraph() = default;
+  CudaGraph(const CudaGraph&) = delete;
+  CudaGraph& operator=(const CudaGraph&) = delete;
+  ~CudaGraph() { reset(); }
+
+  bool built() const { return exec_ != nullptr; }
+  size_t size() const { return nodes_.size(); }
+
+  // Replaces the graph by `launches` on `dev`, in order, each after the one before.
+  // On failure nothing is left built (the next call builds again) and the error names
+  // the kernel.
+  void build(CudaDevice& dev, const std::vector<Launch>& launches) {
+    reset();
+    const DriverApi& api = driver();
+    dev.make_current();
+    auto fail = [&](CUresult r, const std::string& what) {
+      reset();
+      check(r, "building the CUDA graph of " + std::to_string(launches.size()) + " kernels on device " +
+                   std::to_string(dev.ordinal()) + ": " + what);
+    };
+    if (CUresult r = api.cuGraphCreate(&graph_, 0); r != kSuccess) fail(r, "cuGraphCreate");
+    for (const Launch& l : launches) {
+      l.fn.set_max_dynamic_shared_memory(int(l.shared_bytes));  // an attribute of the kernel, as for a launch
+      KernelNodeParams p = params(l);
+      CUgraphNode node = nullptr, *after = nodes_.empty() ? nullptr : &nodes_.back();
+      if (CUresult r = api.cuGraphAddKernelNode(&node, graph_, after, after ? 1 : 0, &p); r != kSuccess)
+        fail(r, "cuGraphAddKernelNode of " + describe(l));
+      nodes_.push_back(node);
+    }
+    if (CUresult r = api.cuGraphInstantiate(&exec_, graph_, 0); r != kSuccess) {
+      exec_ = nullptr;
+      fail(r, "cuGraphInstantiate");
+    }
+    device_ = &dev;
+    last_ = launches.empty() ? nullptr : &launches.back().fn.name();
+  }
+
+  // Node i's new arguments (grid, block and shared memory as built).
+  void set_params(size_t i, const Launch& l) {
+    KernelNodeParams p = params(l);
+    check(driver().cuGraphExecKernelNodeSetParams(exec_, nodes_.at(i), &p), "cuGraphExecKernelNodeSetParams of " + describe(l));
+  }
+
+  // Launches the graph on the device's stream. In sync mode, waits and checks.
+  void launch() {
+    if (!built()) throw Error("kiln: internal error: launch of a CUDA graph that was not built");
+    CudaDevice& dev = *device_;
+    dev.make_current();
+    check(driver().cuGraphLaunch(exec_, dev.stream()), "cuGraphLaunch of a graph of " + std::to_string(nodes_.size()) + " kernels");
+    if (last_) dev.note_launch(last_);
+    if (sync_mode()) dev.check_async(driver().cuStreamSynchronize(dev.stream()), "execution of a CUDA graph (KILN_CUDA_SYNC)");
+  }
+
+  // Destroys the graph (never throws: also run at thread exit).
+  void reset() noexcept {
+    if (exec_) driver().cuGraphExecDestroy(exec_);  // NOTE: driver() is loaded wherever a graph was made
+    if (graph_) driver().cuGraphDestroy(graph_);
+    exec_ = nullptr, graph_ = nullptr, device_ = nullptr, last_ = nullptr;
+    nodes_.clear();
+  }
+
+ private:
+  static KernelNodeParams params(const Launch& l) {
+    KernelNodeParams p;
+    p.func = l.fn.handle();
+    p.grid_x = l.grid.x, p.grid_y = l.grid.y, p.grid_z = l.grid.z;
+    p.block_x = l.block.x, p.block_y = l.block.y, p.block_z = l.block.z;
+    p.shared_bytes = l.shared_bytes;
+    p.params = l.params;
+    return p;
+  }
+  static std::string describe(const Launch& l) {
+    return "kernel '" + l.fn.name() + "' (grid " + std::to_string(l.grid.x) + "x" + std::to_string(l.grid.y) + "x" +
+           std::to_string(l.grid.z) + ", block " + std::to_string(l.block.x) + "x" + std::to_string(l.block.y) + "x" +
+           std::to_string(l.block.z) + ", " + std::to_string(l.shared_bytes) + " bytes of shared memory)";
+  }
+
+  CUgraph graph_ = nullptr;
+  CUgraphExec exec_ = nullptr;
+  std::vector<CUgraphNode> nodes_;
+  CudaDevice* device_ = nullptr;
+  const std::string* last_ = nullptr;  // the last kernel's name (errors name it), stable for the process
+};
+
 // ---- timing -------------------------------------------------------------------
 
 // CUDA events around work on a stream: the GPU's own clock, free of host

@@ -48,7 +48,7 @@ inline std::string describe_kernel(const ir::Graph& g, const sched::Kernel& k) {
 // Kernel `index` of a plan as the profiler names it: the plan (its graph's signature) and mode, the
 // index, what it computes.
 inline std::string profile_label(const ir::Graph& g, Mode mode, size_t index, const sched::Kernel& k) {
-  static const char* modes[] = {"eager", "fused", "max-autotune"};
+  static const char* modes[] = {"eager", "fused", "max-autotune", "reduce-overhead"};
   return "[plan " + g.signature.hex().substr(0, 6) + " " + modes[int(mode)] + " k" + std::to_string(index) + "] " + describe_kernel(g, k);
 }
 

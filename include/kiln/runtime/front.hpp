@@ -44,7 +44,13 @@ namespace kiln {
 // class, dtype, layout and architecture, the fastest kept in the tuning database
 // (tune/db.hpp) and never retuned. On the CPU it is fused mode: the CPU GEMM's
 // blocking is fixed per target, so there is nothing to time.
-enum class Mode : uint8_t { eager, fused, max_autotune };
+// reduce_overhead: the fused plan, its kernels launched on a GPU as one CUDA graph
+// (runtime/gpu_backend.hpp): one replay a call instead of a launch per kernel. Every
+// call binds fresh buffers as in fused mode and the graph takes the call's arguments
+// (a node whose arguments changed is updated, a changed set of kernels or launch
+// shapes rebuilds it), so outputs are never overwritten by a later call. Where the
+// device has no graphs (the CPU; HIP for now) it is fused mode.
+enum class Mode : uint8_t { eager, fused, max_autotune, reduce_overhead };
 
 namespace runtime {
 

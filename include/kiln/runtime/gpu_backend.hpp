@@ -31,6 +31,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -52,12 +53,17 @@ namespace kiln::runtime {
 
 struct GpuDim {
   unsigned x = 1, y = 1, z = 1;
+  bool operator==(const GpuDim&) const = default;
 };
 
 struct GpuLaunch {
   GpuDim grid, block;
   unsigned shared_bytes = 0;  // dynamic shared memory
+  bool operator==(const GpuLaunch&) const = default;
 };
+
+// A device API without graphs of launches (Mode::reduce_overhead launches kernel by kernel).
+struct NoGraph {};
 
 // The tuning database's key of one matmul kernel: shape class, dtype, operand layout (and
 // whether the tensor cores and the copy engine can read it), whether `library` (the vendor
@@ -638,6 +644,10 @@ struct GpuDeviceApi {
   // side where the API can; a failure is left for the load to report.
   template <class Dev>
   static void compile_ahead(const std::vector<std::pair<std::string, std::vector<std::string>>>&, Dev&) {}
+  // Mode::reduce_overhead's graph of a call's launches (cu::CudaGraph), and whether this
+  // process's driver has graphs; NoGraph: none.
+  using Graph = NoGraph;
+  static bool graphs() { return false; }
 };
 
 // The backend of one GPU API: runs a bound plan on a device of Api::kind.
@@ -684,6 +694,8 @@ class GpuBackend final : public Backend {
         bind_kernel(g, kernels[k], cp.layouts[k], b, call.args[k]);
         bind_kernel(g, kernels[m], cp.layouts[m], b, call.args[m]);
       }
+    if constexpr (!std::is_same_v<typename Api::Graph, NoGraph>)
+      if (cp.mode == Mode::reduce_overhead && !profiling() && Api::graphs()) return launch_graph(cp, call, *last.fns, last, dev);
     launch_kernels(g, cp, call, *last.fns, last.by_library, last.block, dev);
   }
 
@@ -721,6 +733,53 @@ class GpuBackend final : public Backend {
     }
   }
 
+  struct LastCall;
+  // Mode::reduce_overhead: the call's launches as one graph (Api::Graph). A call whose
+  // launches are the graph's (the same kernels, launch shapes and shared memory) replays
+  // it, once the nodes whose arguments changed are updated; otherwise the graph is built
+  // again. Arguments are compared whole (pointers, sizes, workspaces, tensor maps), so a
+  // replay always runs on this call's buffers: outputs stay the caller's, never
+  // overwritten by a later call.
+  void launch_graph(const CompiledPlan& cp, const GpuCall& call, const std::vector<Function>& fns, LastCall& last, Device& dev) {
+    if (!last.graph) last.graph = std::make_unique<GraphState>();
+    GraphState& st = *last.graph;
+    const auto& kernels = cp.plan.kernels;
+    bool same = st.graph.built();
+    size_t n = 0;
+    for (size_t k = 0; k < kernels.size(); ++k) {
+      if (call.args[k].work == 0 || call.vars[k].skip) continue;
+      if (n == st.nodes.size()) st.nodes.emplace_back(), same = false;
+      GraphNode& node = st.nodes[n++];
+      st.maps = TensorMaps{};  // compared whole: no stale bytes where a kernel has no maps
+      GpuLaunch L = prepare_launch(dev, kernels[k], cp.layouts[k], call.args[k], call.vars[k], st.block, st.maps);
+      same = same && node.fn == &fns[k] && node.launch == L;
+      node.changed = node.block != st.block || std::memcmp(&node.maps, &st.maps, sizeof st.maps) != 0;
+      if (node.changed) node.block.swap(st.block), node.maps = st.maps;
+      node.fn = &fns[k], node.launch = L;
+    }
+    if (n != st.nodes.size()) st.nodes.resize(n), same = false;
+    if (n == 0) return;  // every kernel empty: nothing to launch
+    auto launch_of = [](GraphNode& node) {
+      node.params = {node.block.data(), &node.maps.a, &node.maps.b};
+      const GpuLaunch& L = node.launch;
+      return typename Api::Graph::Launch{*node.fn, {L.grid.x, L.grid.y, L.grid.z}, {L.block.x, L.block.y, L.block.z}, L.shared_bytes,
+                                         node.params.data()};
+    };
+    auto& counters = kiln::detail::counters_state();
+    if (!same) {
+      std::vector<typename Api::Graph::Launch> launches;
+      for (GraphNode& node : st.nodes) launches.push_back(launch_of(node));
+      st.graph.build(dev, launches);
+      counters.graphs_built.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      for (size_t i = 0; i < st.nodes.size(); ++i)
+        if (st.nodes[i].changed) st.graph.set_params(i, launch_of(st.nodes[i])), counters.graph_updates.fetch_add(1, std::memory_order_relaxed);
+    }
+    st.graph.launch();
+    counters.graph_replays.fetch_add(1, std::memory_order_relaxed);
+    counters.kernels_launched.fetch_add(n, std::memory_order_relaxed);
+  }
+
   // One launch of a kernel as variant v: its shape, its argument block (with the workspace of
   // split rows and stream-K GEMMs) into `block`, and a wgmma GEMM's tensor maps into `maps`.
   GpuLaunch prepare_launch(Device& dev, const sched::Kernel& kernel, const codegen::Layout& layout, const KernelArgs& args,
@@ -734,6 +793,22 @@ class GpuBackend final : public Backend {
     return L;
   }
 
+  // Mode::reduce_overhead: each node of a graph as last built or updated (its argument
+  // block and tensor maps, which the next call's are compared with), and the graph.
+  struct GraphNode {
+    const Function* fn = nullptr;  // into cache_ (never erased)
+    GpuLaunch launch;
+    std::vector<uint64_t> block;
+    TensorMaps maps{};
+    std::array<void*, 3> params{};
+    bool changed = false;
+  };
+  struct GraphState {
+    typename Api::Graph graph;
+    std::vector<GraphNode> nodes;
+    std::vector<uint64_t> block;  // this call's, before it is compared
+    TensorMaps maps{};
+  };
   // What a thread keeps of its last call of a plan on a device: the bound arguments (their
   // memory reused by the next call), what the variant choice read of them, the variants,
   // their key and loaded kernels, and the argument block's memory. NOTE: per thread, so
@@ -749,6 +824,7 @@ class GpuBackend final : public Backend {
     const std::vector<Function>* fns = nullptr;  // into cache_ (never erased)
     bool reusable = false;  // a next call with the same inputs may take vars and fns as they are
     std::vector<uint64_t> block;
+    std::unique_ptr<GraphState> graph;  // Mode::reduce_overhead's
   };
   // This thread's entry for (this backend, plan, device): a few plans' worth, by address.
   LastCall& last_call(const CompiledPlan& cp, int ordinal) {
@@ -758,6 +834,7 @@ class GpuBackend final : public Backend {
     if (c.backend != serial_ || c.plan != &cp || c.ordinal != ordinal) {
       c.backend = serial_, c.plan = &cp, c.ordinal = ordinal;
       c.reusable = false;
+      c.graph.reset();
     }
     return c;
   }

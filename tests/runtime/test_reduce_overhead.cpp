@@ -1,0 +1,124 @@
+// kiln — header-only C++20 tensor compiler.
+// SPDX-License-Identifier: Apache-2.0
+//
+// Mode::reduce_overhead on the default device (gpu-foundation: the GPU, where the call's
+// kernels run as one CUDA graph; on the CPU the mode is fused mode and makes no graph):
+// fused mode's numbers against float64, over shapes and layouts; a graph built once per
+// set of launch shapes and replayed by every later call; new inputs update the graph's
+// nodes rather than rebuild it; an earlier call's outputs are never overwritten by a
+// later call; a training step in the mode follows the fused one step for step.
+#include "../support/reference.hpp"
+#include "kiln/nn/modules.hpp"
+
+using namespace kiln;
+using namespace kiln::test;
+
+namespace {
+
+// Whether this process launches reduce-overhead calls as graphs: a CUDA device whose driver has them.
+bool graphs_here() { return default_device().kind == DeviceKind::cuda && cu::driver().has_graphs(); }
+
+// y = softmax(relu(x @ w + b)) over rows, and s = the column sums of x * 2: a GEMM with
+// its epilogue, a rows kernel, a column-sum kernel.
+auto layer(const Tensor<f32, 2>& x, const Tensor<f32, 2>& w, const Tensor<f32, 1>& b) {
+  return std::tuple(softmax(relu(matmul(x, w) + b), -1), sum(x * 2.0f, 0));
+}
+
+struct Want {
+  Array y, s, y_scale;
+};
+Want reference(const Array& x, const Array& w, const Array& b) {
+  Array scale;
+  Array pre = ref::zip(ref::matmul(x, w, &scale), b, [](double p, double q) { return p + q; });
+  Array y = ref::softmax(ref::map(pre, [](double v) { return v > 0 ? v : 0.0; }), 1);
+  // softmax's output moves with its logits' rounding (relative to the dot products' magnitude).
+  Array y_scale = ref::zip(y, ref::zip(scale, b, [](double p, double q) { return p + std::fabs(q); }),
+                           [](double p, double q) { return p * (1 + 4 * q); });
+  Array s = ref::sum(ref::map(x, [](double v) { return 2 * v; }), {0});
+  return {y, s, y_scale};
+}
+
+}  // namespace
+
+TEST_CASE("reduce-overhead: fused mode's numbers; one graph, replayed, updated for new inputs, rebuilt for new sizes") {
+  KILN_TEST_RNG(rng);
+  const bool graphs = graphs_here();
+  auto w = input<f32, 2>(rng, Shape<2>{300, 129}, Layout::transposed);
+  auto b = input<f32, 1>(rng, Shape<1>{129});
+  auto run = [&](const Tensor<f32, 2>& x) {
+    auto [y, s] = layer(x, w.t, b.t);
+    return evaluate(Mode::reduce_overhead, y, s);
+  };
+  auto check = [&](const auto& got, const Input<f32, 2>& x, const std::string& what) {
+    Want want = reference(x.a, w.a, b.a);
+    check_close(std::get<0>(got), want.y, tol<f32>(), what + ": softmax(relu(x @ w + b))", &want.y_scale);
+    check_close(std::get<1>(got), want.s, tol<f32>().scaled(4), what + ": sum(x * 2, 0)");
+  };
+  auto x1 = input<f32, 2>(rng, Shape<2>{61, 300});
+  auto c0 = counters();
+  auto first = run(x1.t);
+  auto c1 = counters();
+  check(first, x1, "first call");
+  const uint64_t kernels = c1.kernels_launched - c0.kernels_launched;
+  CHECK(kernels >= 2);
+  CHECK(c1.graphs_built - c0.graphs_built == (graphs ? 1u : 0u));
+  CHECK(c1.graph_replays - c0.graph_replays == (graphs ? 1u : 0u));
+
+  // Repeat calls: the graph replays (the same kernels counted), nothing compiled or rebuilt.
+  for (int i = 0; i < 3; ++i) check(run(x1.t), x1, "repeat call " + std::to_string(i));
+  auto c2 = counters();
+  CHECK(c2.compiles == c1.compiles);
+  CHECK(c2.plans_built == c1.plans_built);
+  CHECK(c2.graphs_built == c1.graphs_built);
+  CHECK(c2.graph_replays - c1.graph_replays == (graphs ? 3u : 0u));
+  CHECK(c2.kernels_launched - c1.kernels_launched == 3 * kernels);
+
+  // Another input of the same shape: its nodes are updated, the graph is not rebuilt; the
+  // first call's outputs still hold the first input's values.
+  auto x2 = input<f32, 2>(rng, Shape<2>{61, 300});
+  auto second = run(x2.t);
+  auto c3 = counters();
+  check(second, x2, "another input");
+  CHECK(c3.graphs_built == c2.graphs_built);
+  if (graphs) CHECK(c3.graph_updates > c2.graph_updates);
+  check(first, x1, "the first call's outputs after later calls");
+
+  // Other sizes and layouts (a size-1 dim, odd sizes, a transposed view of x): each the
+  // right numbers; a changed launch shape builds the graph again.
+  for (auto [rows, layout] : {std::pair{1, Layout::contiguous}, std::pair{7, Layout::transposed}, std::pair{517, Layout::contiguous}}) {
+    auto x = input<f32, 2>(rng, Shape<2>{rows, 300}, layout);
+    auto before = counters();
+    check(run(x.t), x, std::to_string(rows) + " rows, " + name(layout));
+    if (graphs) CHECK(counters().graph_replays == before.graph_replays + 1);
+  }
+  if (graphs) CHECK(counters().graphs_built > c3.graphs_built);
+  check(run(x1.t), x1, "back to the first shape");
+}
+
+TEST_CASE("reduce-overhead: a training step (loss, gradients, AdamW) follows fused mode's step for step") {
+  auto make = [] { return nn::GeluMLP(12, 33, 5, 11); };
+  nn::GeluMLP fused = make(), graphed = make();
+  auto x = Tensor<f32, 2>(randn<f32>(Shape<2>{17, 12}, 7));
+  auto y = Tensor<i64, 1>::from({17}, {0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1});
+  nn::AdamW of(fused.params(), 1e-2), og(graphed.params(), 1e-2, 1e-2, 0.9, 0.999, 1e-8, Mode::reduce_overhead);
+  auto c0 = counters();
+  double first = 0, last = 0;
+  for (int s = 0; s < 12; ++s) {
+    CAPTURE(s);
+    double lf = of.step(nn::cross_entropy(fused(x), y));
+    double lg = og.step(nn::cross_entropy(graphed(x), y));
+    CHECK(lg == doctest::Approx(lf).epsilon(1e-6));
+    if (s == 0) first = lg;
+    last = lg;
+  }
+  CHECK(last < first);
+  // The step's graph is built once: the step count (Adam's bias correction) and the new
+  // outputs change node arguments, not launch shapes.
+  if (graphs_here()) {
+    CHECK(counters().graphs_built - c0.graphs_built == 1);
+    CHECK(counters().graph_replays - c0.graph_replays == 12);
+  }
+  auto a = graphed.fc1.weight.to_vector(), b = fused.fc1.weight.to_vector();
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) CHECK(a[i] == doctest::Approx(b[i]).epsilon(1e-6));
+}
