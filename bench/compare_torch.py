@@ -31,6 +31,7 @@ def main():
         return gemm_table(kiln, torch)
     tw = {r["workload"]: r for r in torch if r.get("type") == "workload"}
     host = (f"; launch floor {ceil['launch_floor_us']:.2f} us; compiled x+1 {ceil['compiled_plus_one_us']:.2f} us/call"
+            + (f" (reduce-overhead: {ceil['reduce_overhead_plus_one_us']:.2f})" if "reduce_overhead_plus_one_us" in ceil else "")
             if "launch_floor_us" in ceil else "")  # absent from a KILN_BENCH_ONLY=rows run
     print(f"copy ceiling (kiln, same run): {ceil['copy_gbs']:.0f} GB/s{host}")
     print("| workload | kiln fused ms | kiln eager ms | torch eager ms | torch.compile ms | kiln GB/s | % of copy | "
@@ -45,6 +46,12 @@ def main():
         if "fused_us" in r:  # latency row: microseconds per call, wall clock
             f, e = r["fused_us"] / 1e3, r["eager_us"] / 1e3
             gbs = pct = "-"
+            if "reduce_overhead_us" in r:  # kiln's graphs beside torch.compile's (mode="reduce-overhead")
+                ro, tro = r["reduce_overhead_us"], t.get("reduce-overhead", {}).get("ms")
+                notes.append(f"{r['name']} in reduce-overhead mode: kiln {ro:.1f} us/call ({r['reduce_overhead_calls']} replays, "
+                             f"{r['graphs_built']} graphs built, {r['graph_updates']} node updates)"
+                             + (f", torch.compile reduce-overhead {tro * 1e3:.1f} us/call: {tro * 1e3 / ro:.2f}x" if isinstance(tro, (int, float)) else "")
+                             + f"; kiln fused {r['fused_us']:.1f} us/call: {r['fused_us'] / ro:.2f}x")
         elif "flops" in r:  # matmul-bound: TFLOP/s in the GB/s column, against torch's bf16 matmul ceiling
             # The step as torch_anchor.py times it, where the bench measured that (anchor_ms); the
             # median of its rounds is in the notes.

@@ -521,16 +521,26 @@ static std::string w4_step_bench() {
   return buf;
 }
 
-static void write_rows(const char* path, double floor_us, double plus_one_us, double w7_us, double w7_eager_us,
-                       const std::string& w4_json) {
+// Host figures of a full run (not a rows-only one): microseconds per call, back to back.
+struct HostRows {
+  double floor_us = 0, plus_one_us = 0, plus_one_ro_us = 0, w7_us = 0, w7_eager_us = 0, w7_ro_us = 0;
+  uint64_t w7_ro_calls = 0, w7_ro_built = 0, w7_ro_updates = 0;
+};
+
+static void write_rows(const char* path, const HostRows& h, const std::string& w4_json) {
   std::ofstream out(path);
   out << "{\"type\":\"ceiling\",\"copy_gbs\":" << copy_gbs;
-  if (floor_us > 0) out << ",\"launch_floor_us\":" << floor_us << ",\"compiled_plus_one_us\":" << plus_one_us;  // not in a rows-only run
+  if (h.floor_us > 0)
+    out << ",\"launch_floor_us\":" << h.floor_us << ",\"compiled_plus_one_us\":" << h.plus_one_us
+        << ",\"reduce_overhead_plus_one_us\":" << h.plus_one_ro_us;
   out << "}\n";
   for (const Row& r : rows)
     out << "{\"type\":\"kiln\",\"name\":\"" << r.name << "\",\"fused_ms\":" << r.fused_ms << ",\"eager_ms\":" << r.eager_ms
         << ",\"bytes\":" << r.bytes << ",\"rel_err\":" << r.err << ",\"kernels\":" << r.kernels << "}\n";
-  if (w7_us > 0) out << "{\"type\":\"kiln\",\"name\":\"W7 small MLP f32\",\"fused_us\":" << w7_us << ",\"eager_us\":" << w7_eager_us << "}\n";
+  if (h.w7_us > 0)
+    out << "{\"type\":\"kiln\",\"name\":\"W7 small MLP f32\",\"fused_us\":" << h.w7_us << ",\"eager_us\":" << h.w7_eager_us
+        << ",\"reduce_overhead_us\":" << h.w7_ro_us << ",\"reduce_overhead_calls\":" << h.w7_ro_calls
+        << ",\"graphs_built\":" << h.w7_ro_built << ",\"graph_updates\":" << h.w7_ro_updates << "}\n";
   write_gemm_rows(out);
   out << w4_json;
 }
@@ -787,7 +797,7 @@ int main(int argc, char** argv) {
     runtime::gpu_pointwise_blocks_per_sm() = 0;
   }
   std::string w4_json = rows_only ? "" : w4_step_bench();
-  double floor_us = 0, plus_one_us = 0, w7_us = 0, w7_eager_us = 0;
+  HostRows h;
   {  // launch floor and a compiled x+1 on one element, back to back
     // The floor: the same work (read one float, write one) launched straight through the driver,
     // so that the difference is kiln's host work alone, not the kernels' own time on the GPU.
@@ -811,23 +821,35 @@ int main(int argc, char** argv) {
       calls.push_back(wall_us([&] { auto o = f(t); }));
       over.push_back(calls.back() - floors.back());
     }
-    floor_us = median(floors), plus_one_us = floor_us + median(over);
+    h.floor_us = median(floors), h.plus_one_us = h.floor_us + median(over);
     std::printf("host: launch floor %.2f us/call (the same x+1 through the driver; an empty kernel %.2f), compiled x+1 %.2f us/call "
                 "(overhead %.2f us: the median of 7 alternated rounds, %.2f to %.2f)\n",
-                floor_us, empty_us, median(calls), median(over), *std::min_element(over.begin(), over.end()),
+                h.floor_us, empty_us, median(calls), median(over), *std::min_element(over.begin(), over.end()),
                 *std::max_element(over.begin(), over.end()));
+    auto ro = compile([](const Tensor<f32, 1>& a) { return a + 1.0f; }, Mode::reduce_overhead);
+    h.plus_one_ro_us = wall_us([&] { auto o = ro(t); });
+    std::printf("host: compiled x+1 in reduce-overhead (a graph of one kernel, replayed) %.2f us/call\n", h.plus_one_ro_us);
   }
   {  // W7: MLP 256 -> 256 -> 256 -> 10 with ReLU, batch 32, f32; microseconds per call
     auto W = [](int64_t o, int64_t i, uint64_t seed) { return Tensor<f32, 2>(randn<f32>(Shape<2>{o, i}, seed) * (1.0 / std::sqrt(double(i)))); };
     Tensor<f32, 2> x = randn<f32>(Shape<2>{32, 256}, 10), W1 = W(256, 256, 11), W2 = W(256, 256, 12), W3 = W(10, 256, 13);
     Tensor<f32, 1> b1 = randn<f32>(Shape<1>{256}, 14), b2 = randn<f32>(Shape<1>{256}, 15), b3 = randn<f32>(Shape<1>{10}, 16);
     auto mlp = [&] { return linear(relu(linear(relu(linear(x, W1, b1)), W2, b2)), W3, b3); };
-    w7_us = wall_us([&] { Tensor<f32, 2> o = mlp(); }, 500);
-    w7_eager_us = wall_us([&] { auto o = eval_eager(mlp()); }, 500);
-    std::printf("W7 small MLP f32            fused %.1f us/call  eager %.1f us/call  kernels %zu\n", w7_us, w7_eager_us,
-                kernel_count(Mode::fused, mlp()));
+    h.w7_us = wall_us([&] { Tensor<f32, 2> o = mlp(); }, 500);
+    h.w7_eager_us = wall_us([&] { auto o = eval_eager(mlp()); }, 500);
+    Tensor<f32, 2> want = mlp(), got = evaluate(Mode::reduce_overhead, mlp());
+    double err = max_rel(got.to_vector(), want.to_vector());
+    auto c0 = counters();
+    h.w7_ro_us = wall_us([&] { Tensor<f32, 2> o = evaluate(Mode::reduce_overhead, mlp()); }, 500);
+    auto c1 = counters();
+    h.w7_ro_calls = c1.graph_replays - c0.graph_replays, h.w7_ro_built = c1.graphs_built - c0.graphs_built;
+    h.w7_ro_updates = c1.graph_updates - c0.graph_updates;
+    std::printf("W7 small MLP f32            fused %.1f us/call  eager %.1f us/call  reduce-overhead %.1f us/call  kernels %zu "
+                "(reduce-overhead: %llu replays, %llu graphs built, %llu node updates; max rel. diff from fused %.1e)\n",
+                h.w7_us, h.w7_eager_us, h.w7_ro_us, kernel_count(Mode::fused, mlp()), (unsigned long long)h.w7_ro_calls,
+                (unsigned long long)h.w7_ro_built, (unsigned long long)h.w7_ro_updates, err);
   }
-  if (jsonl) write_rows(jsonl, floor_us, plus_one_us, w7_us, w7_eager_us, w4_json);
+  if (jsonl) write_rows(jsonl, h, w4_json);
   auto c = counters();
   std::printf("counters: compiles %llu, memory hits %llu, disk hits %llu, kernels launched %llu\n",
               (unsigned long long)c.compiles, (unsigned long long)c.memory_hits, (unsigned long long)c.disk_hits,
