@@ -848,6 +848,24 @@ int main(int argc, char** argv) {
                 "(reduce-overhead: %llu replays, %llu graphs built, %llu node updates; max rel. diff from fused %.1e)\n",
                 h.w7_us, h.w7_eager_us, h.w7_ro_us, kernel_count(Mode::fused, mlp()), (unsigned long long)h.w7_ro_calls,
                 (unsigned long long)h.w7_ro_built, (unsigned long long)h.w7_ro_updates, err);
+    if (std::getenv("KILN_BENCH_W7_SWEEP")) {  // W7 in reduce-overhead with each SIMT config forced on its three GEMMs
+      using K = codegen::GemmKind;
+      std::vector<codegen::GemmConfig> configs;
+      for (const codegen::GemmConfig& c : codegen::gemm_candidates(DType::f32, 0))
+        if (c.kind == K::simt) configs.push_back(c);
+      for (codegen::GemmConfig c : {codegen::gemm_sliced({K::simt, 32, 32, 32, 4, 4, 1}, 4), codegen::GemmConfig{K::simt, 32, 32, 16, 2, 2, 1},
+                                    codegen::GemmConfig{K::simt, 64, 64, 16, 4, 4, 1}})
+        for (int sk : {2, 4, 8}) configs.push_back(codegen::gemm_sliced(c, c.k_slices, sk));
+      for (const codegen::GemmConfig& c : configs) {
+        codegen::gemm_chooser() = [c](const codegen::GemmProblem&) { return std::optional<codegen::GemmConfig>(c); };
+        Tensor<f32, 2> o = evaluate(Mode::reduce_overhead, mlp());
+        double e = max_rel(o.to_vector(), want.to_vector());
+        double us = wall_us([&] { Tensor<f32, 2> r = evaluate(Mode::reduce_overhead, mlp()); }, 300);
+        std::printf("W7 forced %-36s reduce-overhead %.1f us/call (max rel. diff %.1e)\n", c.str().c_str(), us, e);
+        std::fflush(stdout);
+      }
+      codegen::gemm_chooser() = {};
+    }
   }
   if (jsonl) write_rows(jsonl, h, w4_json);
   auto c = counters();
