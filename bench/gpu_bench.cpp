@@ -855,7 +855,7 @@ int main(int argc, char** argv) {
         if (c.kind == K::simt) configs.push_back(c);
       for (codegen::GemmConfig c : {codegen::gemm_sliced({K::simt, 32, 32, 32, 4, 4, 1}, 4), codegen::GemmConfig{K::simt, 32, 32, 16, 2, 2, 1},
                                     codegen::GemmConfig{K::simt, 64, 64, 16, 4, 4, 1}})
-        for (int sk : {2, 4, 8}) configs.push_back(codegen::gemm_sliced(c, c.k_slices, sk));
+        for (int sk : {2, 4, 8, 16}) configs.push_back(codegen::gemm_sliced(c, c.k_slices, sk));
       for (const codegen::GemmConfig& c : configs) {
         codegen::gemm_chooser() = [c](const codegen::GemmProblem&) { return std::optional<codegen::GemmConfig>(c); };
         Tensor<f32, 2> o = evaluate(Mode::reduce_overhead, mlp());

@@ -94,8 +94,9 @@ TEST_CASE("gemm config choice: tensor cores only where dtype, architecture and l
   CHECK(codegen::gemm_heuristic(problem(8192, 8192, 8192, DType::bf16, true, 75)).kind == GemmKind::simt);
   CHECK(codegen::gemm_heuristic(problem(8192, 8192, 8192, DType::bf16, true, 0)).kind == GemmKind::simt);
   CHECK(codegen::gemm_heuristic(problem(8192, 8192, 8192, DType::f32, true, 90)).kind == GemmKind::simt);
-  // SIMT: the largest tile that fills the SMs with K in up to 16 ranges of at least 128 (split-K);
-  // else the smallest, 32x32 in slices of K where K holds two of its steps
+  // SIMT: the largest tile that fills the SMs with K in up to 16 ranges of at least 128 (split-K;
+  // 32x32 in slices of K where K holds two of its steps); else the plain 32x32, K in ranges down
+  // to one K step
   auto simt = [](int64_t m, int64_t n, int64_t k, DType d = DType::f32) {
     GemmConfig c = codegen::gemm_heuristic(problem(m, n, k, d, false, 90));
     CHECK(codegen::gemm_fits(c, problem(m, n, k, d, false, 90)));
@@ -109,7 +110,10 @@ TEST_CASE("gemm config choice: tensor cores only where dtype, architecture and l
   CHECK(simt(1024, 512, 64) == std::tuple{64, 1, 1});       // K too short to split
   CHECK(simt(256, 512, 64) == std::tuple{32, 4, 1});        // 128 tiles of 32x32
   CHECK(simt(256, 512, 63) == std::tuple{32, 1, 1});        // one K step: no slices
-  CHECK(simt(32, 256, 256) == std::tuple{32, 4, 2});        // few tiles at every size: the smallest, split
+  CHECK(simt(32, 256, 256) == std::tuple{32, 1, 16});       // few tiles at every size: the smallest plain tile, a K step a range
+  CHECK(simt(32, 10, 256) == std::tuple{32, 1, 16});        // one tile
+  CHECK(simt(32, 10, 40) == std::tuple{32, 1, 2});          // three K steps: two ranges (K in 2 x 16 and 8)
+  CHECK(simt(8, 2048, 256) == std::tuple{32, 4, 2});        // 64 tiles in 2 ranges fill the SMs: not the small case
   CHECK(simt(256, 512, 512, DType::f64) == std::tuple{64, 1, 4});
   GemmProblem batched_simt = problem(64, 64, 4096, DType::f32, false, 90);
   batched_simt.batch = 200;  // 200 tiles of 128x128: no split
@@ -210,7 +214,12 @@ TEST_CASE("gemm config choice: tensor cores only where dtype, architecture and l
   auto no_tma = codegen::gemm_tuning_candidates(problem(8192, 8192, 8192, DType::bf16, true, 90));
   CHECK(count(no_tma, GemmKind::wgmma) == 0);
   CHECK(count(no_tma, GemmKind::mma) == 12);
-  CHECK(codegen::gemm_tuning_candidates(problem(64, 64, 64, DType::f32, true, 90)).size() == codegen::gemm_candidates(DType::f32, 0).size());
+  {  // f32 without TF32: the SIMT candidates, and the heuristic's own choice (32x32 in 4 ranges of K) at the end
+    auto small = codegen::gemm_tuning_candidates(problem(64, 64, 64, DType::f32, true, 90));
+    CHECK(small.size() == codegen::gemm_candidates(DType::f32, 0).size() + 1);
+    CHECK(small.back().str() == codegen::gemm_heuristic(problem(64, 64, 64, DType::f32, true, 90)).str());
+    CHECK(small.back().split_k == 4);
+  }
   // A forced tensor-core config on operands that cannot take it falls back to SIMT; a forced
   // wgmma on operands the copy engine cannot read, to mma.
   GemmConfig mma = codegen::gemm_candidates(DType::bf16, 80).front(), wgmma = codegen::gemm_candidates(DType::bf16, 90).front();

@@ -59,7 +59,7 @@ Dispatch dispatch_in(Mode mode, FakeGpuBackend& backend, int ordinal, const Es&.
     if (want.args[k].work == 0) continue;
     uint64_t ws[codegen::kGpuSplitWords] = {};
     runtime::gpu_arg_block(cp->layouts[k], want.args[k], want.vars[k], ws, blocks.emplace_back());
-    if (want.vars[k].split) blocks.back().resize(blocks.back().size() - codegen::kGpuSplitWords);  // the backend's workspace
+    if (want.vars[k].workspace()) blocks.back().resize(blocks.back().size() - codegen::kGpuSplitWords);  // the backend's workspace
     kernels.push_back(k);
     dev.record_words.push_back(blocks.back().size());
   }

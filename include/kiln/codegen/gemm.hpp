@@ -292,29 +292,36 @@ inline std::vector<GemmConfig> gemm_tuning_candidates(const GemmProblem& p) {
 // SIMT's choice: the largest tile (128x128, 64x64, then 32x32, in slices of K where K holds
 // two of its steps) whose tiles fill the SMs with K cut into up to 16 ranges of blocks
 // (split-K), each at least kGemmMinRange long and the blocks within a tenth of one wave; else
-// the smallest tile, so split. NOTE: on an H200 (f32, KILN_BENCH_ONLY=small
+// the smallest tile, split finer (below). NOTE: on an H200 (f32, KILN_BENCH_ONLY=small
 // KILN_BENCH_GEMM_SMALL_SWEEP=1 gpu_bench; docs/benchmarks.md, nineteenth session) this took
 // [1024,1024]x[1024,1024] from 0.097 to 0.076 ms (128x128, 2 ranges), [128,4096]x[4096,1024]
 // from 0.234 to 0.052 (128x128, 16), [256,512]x[512,512] from 0.032 to 0.014 (64x64, 4); each
 // within 10% of the best forced config but [32,256]x[256,256] (0.010 against 0.009).
+// Where no tile fills the SMs the problem is small and its time is latency (W7's layers):
+// the smallest plain tile (each thread owns its outputs: no slices to add up) with K in as
+// many ranges as keep the blocks within a tenth of one wave, down to one K step each: a
+// block's K steps run one after the other. NOTE: on an H200 (W7 in reduce-overhead mode,
+// KILN_BENCH_W7_SWEEP=1 gpu_bench; docs/benchmarks.md, twentieth session) its three GEMMs
+// took 21.8 us a call as 32x32 in 4 slices and 2 ranges, 15.7 us as 32x32 in 8 ranges.
 inline constexpr int64_t kGemmMinRange = 128;
 inline GemmConfig gemm_simt_heuristic(const std::vector<GemmConfig>& all, const GemmProblem& p) {
   std::vector<GemmConfig> ladder;
   for (const GemmConfig& c : all)
     if (c.kind == GemmKind::simt && c.split_k == 1 && c.k_slices == 1) ladder.push_back(c);
+  const GemmConfig smallest = ladder.back();
   for (const GemmConfig& c : all)
     if (c.kind == GemmKind::simt && c.split_k == 1 && c.k_slices > 1 && c.bm == 32 && ladder.back().bm == 32 && p.k >= 2 * c.bk)
       ladder.back() = c;
-  auto split = [&](GemmConfig c) {
+  auto split = [&](GemmConfig c, int64_t min_range) {
     const int64_t tiles = gemm_tiles(c, p);
-    while (c.split_k < 16 && tiles * c.split_k * 2 * 10 <= p.sm_count * 11 && p.k >= 2 * c.split_k * kGemmMinRange) c.split_k *= 2;
+    while (c.split_k < 16 && tiles * c.split_k * 2 * 10 <= p.sm_count * 11 && p.k >= 2 * c.split_k * min_range) c.split_k *= 2;
     return c;
   };
   for (const GemmConfig& c : ladder) {
-    GemmConfig t = split(c);
+    GemmConfig t = split(c, kGemmMinRange);
     if (gemm_tiles(t, p) * t.split_k * 10 >= p.sm_count * 9) return t;
   }
-  return split(ladder.back());
+  return split(smallest, smallest.bk);
 }
 
 // The default mode's choice, no tuning: the largest block tile (wgmma's 128x256,
