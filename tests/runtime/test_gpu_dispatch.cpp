@@ -380,3 +380,26 @@ TEST_CASE("GPU dispatch, reduce-overhead: one graph, replayed; nodes updated for
   CHECK(counters().graph_replays == c4.graph_replays);
   CHECK(first.plan != nullptr);
 }
+
+TEST_CASE("GPU dispatch, reduce-overhead: a graph the driver fails to build is an error; the next call builds it and runs right") {
+  KILN_TEST_RNG(rng);
+  FakeGpuBackend backend;
+  auto x = host(rng, Shape<2>{40, 96}), w = host(rng, Shape<2>{96, 72});
+  auto e = softmax(matmul(x, w), -1);
+  dispatch_in(Mode::reduce_overhead, backend, 0, e);  // built and replayed
+  auto big = host(rng, Shape<2>{700, 96});            // new grids: a build, which fails
+  auto e2 = softmax(matmul(big, w), -1);
+  ir::Graph g = ir::trace(e2);
+  auto cp = runtime::plan_for(g, Mode::reduce_overhead);
+  runtime::Bound b = runtime::bind_buffers(g, cp->plan);
+  FakeGpuApi::Graph::fail_builds = 1;
+  auto c0 = counters();
+  CHECK_THROWS_WITH_AS(backend.run(g, *cp, b), doctest::Contains("cuGraphInstantiate failed"), kiln::Error);
+  CHECK(counters().graphs_built == c0.graphs_built);
+  CHECK(counters().graph_replays == c0.graph_replays);
+  // Nothing half-built is kept: the next calls build the graph and replay this call's launches.
+  dispatch_in(Mode::reduce_overhead, backend, 0, e2);
+  dispatch_in(Mode::reduce_overhead, backend, 0, e2);
+  CHECK(counters().graphs_built == c0.graphs_built + 1);
+  CHECK(counters().graph_replays == c0.graph_replays + 2);
+}

@@ -127,7 +127,14 @@ struct FakeGpuApi : runtime::GpuDeviceApi<DeviceKind::cpu, codegen::GpuDialect::
       void** params = nullptr;
     };
     bool built() const { return device != nullptr; }
+    static inline int fail_builds = 0;  // the next this many builds fail, as a driver's may (out of memory)
     void build(FakeGpuDevice& dev, const std::vector<Launch>& launches) {
+      device = nullptr;
+      if (fail_builds > 0) {
+        --fail_builds;
+        throw Error("kiln: building the CUDA graph of " + std::to_string(launches.size()) +
+                    " kernels on device 0: cuGraphInstantiate failed: CUDA_ERROR_OUT_OF_MEMORY (fake driver)");
+      }
       device = &dev;
       nodes.clear();
       for (size_t i = 0; i < launches.size(); ++i) nodes.push_back(node(i, launches[i]));
