@@ -402,4 +402,17 @@ TEST_CASE("GPU dispatch, reduce-overhead: a graph the driver fails to build is a
   dispatch_in(Mode::reduce_overhead, backend, 0, e2);
   CHECK(counters().graphs_built == c0.graphs_built + 1);
   CHECK(counters().graph_replays == c0.graph_replays + 2);
+  // A node update that fails: the graph is dropped, so the next call does not replay a node
+  // whose record took the failed call's arguments but whose graph did not.
+  auto other = host(rng, Shape<2>{700, 96});  // a new input: an update
+  auto e3 = softmax(matmul(other, w), -1);
+  auto c1 = counters();
+  {  // its buffers go back first, so the next call gets the same ones
+    ir::Graph g3 = ir::trace(e3);
+    runtime::Bound b3 = runtime::bind_buffers(g3, cp->plan);
+    FakeGpuApi::Graph::fail_updates = 1;
+    CHECK_THROWS_WITH_AS(backend.run(g3, *cp, b3), doctest::Contains("SetParams failed"), kiln::Error);
+  }
+  dispatch_in(Mode::reduce_overhead, backend, 0, e3);  // checks every launch's words against this call's
+  CHECK(counters().graphs_built == c1.graphs_built + 1);
 }

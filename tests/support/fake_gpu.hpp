@@ -139,7 +139,15 @@ struct FakeGpuApi : runtime::GpuDeviceApi<DeviceKind::cpu, codegen::GpuDialect::
       nodes.clear();
       for (size_t i = 0; i < launches.size(); ++i) nodes.push_back(node(i, launches[i]));
     }
-    void set_params(size_t i, const Launch& l) { nodes.at(i) = node(i, l); }
+    void set_params(size_t i, const Launch& l) {
+      if (fail_updates > 0) {
+        --fail_updates;
+        throw Error("kiln: cuGraphExecKernelNodeSetParams failed (fake driver)");
+      }
+      nodes.at(i) = node(i, l);
+    }
+    static inline int fail_updates = 0;  // the next this many node updates fail
+    void reset() noexcept { device = nullptr, nodes.clear(); }
     void launch() const {
       if (device->record) device->launched.insert(device->launched.end(), nodes.begin(), nodes.end());
       device->launches += nodes.size();

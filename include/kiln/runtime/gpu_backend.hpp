@@ -734,6 +734,7 @@ class GpuBackend final : public Backend {
   }
 
   struct LastCall;
+  struct GraphState;
   // Mode::reduce_overhead: the call's launches as one graph (Api::Graph). A call whose
   // launches are the graph's (the same kernels, launch shapes and shared memory) replays
   // it, once the nodes whose arguments changed are updated; otherwise the graph is built
@@ -743,6 +744,17 @@ class GpuBackend final : public Backend {
   void launch_graph(const CompiledPlan& cp, const GpuCall& call, const std::vector<Function>& fns, LastCall& last, Device& dev) {
     if (!last.graph) last.graph = std::make_unique<GraphState>();
     GraphState& st = *last.graph;
+    // NOTE: the nodes' records take this call's arguments before the graph does; a failure
+    // in between (an argument block, a tensor map, a driver call) would leave the graph
+    // behind its records, so any failure drops the graph and the next call builds it anew.
+    try {
+      update_graph(cp, call, fns, st, dev);
+    } catch (...) {
+      st.graph.reset();
+      throw;
+    }
+  }
+  void update_graph(const CompiledPlan& cp, const GpuCall& call, const std::vector<Function>& fns, GraphState& st, Device& dev) {
     const auto& kernels = cp.plan.kernels;
     bool same = st.graph.built();
     size_t n = 0;
