@@ -302,7 +302,8 @@ inline std::vector<GemmConfig> gemm_tuning_candidates(const GemmProblem& p) {
 // many ranges as keep the blocks within a tenth of one wave, down to one K step each: a
 // block's K steps run one after the other. NOTE: on an H200 (W7 in reduce-overhead mode,
 // KILN_BENCH_W7_SWEEP=1 gpu_bench; docs/benchmarks.md, twentieth session) its three GEMMs
-// took 21.8 us a call as 32x32 in 4 slices and 2 ranges, 15.7 us as 32x32 in 8 ranges.
+// took 21.8 us a call as 32x32 in 4 slices and 2 ranges, 15.5-15.7 us as 32x32 in 8 or 16
+// ranges (this rule's 16: 15.3 us), 23.8 us or more as 64x64 in any number of ranges.
 inline constexpr int64_t kGemmMinRange = 128;
 inline GemmConfig gemm_simt_heuristic(const std::vector<GemmConfig>& all, const GemmProblem& p) {
   std::vector<GemmConfig> ladder;
