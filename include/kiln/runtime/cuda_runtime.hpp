@@ -628,7 +628,6 @@ class CudaGraph {
   ~CudaGraph() { reset(); }
 
   bool built() const { return exec_ != nullptr; }
-  size_t size() const { return nodes_.size(); }
 
   // Replaces the graph by `launches` on `dev`, in order, each after the one before.
   // On failure nothing is left built (the next call builds again) and the error names
@@ -637,6 +636,8 @@ class CudaGraph {
     reset();
     const DriverApi& api = driver();
     dev.make_current();
+    // Dynamic shared memory above the default is an attribute of the kernel, as for a launch.
+    for (const Launch& l : launches) l.fn.set_max_dynamic_shared_memory(int(l.shared_bytes));
     auto fail = [&](CUresult r, const std::string& what) {
       reset();
       check(r, "building the CUDA graph of " + std::to_string(launches.size()) + " kernels on device " +
@@ -644,7 +645,6 @@ class CudaGraph {
     };
     if (CUresult r = api.cuGraphCreate(&graph_, 0); r != kSuccess) fail(r, "cuGraphCreate");
     for (const Launch& l : launches) {
-      l.fn.set_max_dynamic_shared_memory(int(l.shared_bytes));  // an attribute of the kernel, as for a launch
       KernelNodeParams p = params(l);
       CUgraphNode node = nullptr, *after = nodes_.empty() ? nullptr : &nodes_.back();
       if (CUresult r = api.cuGraphAddKernelNode(&node, graph_, after, after ? 1 : 0, &p); r != kSuccess)
