@@ -29,7 +29,11 @@ def main():
     ceil = next((r for r in kiln if r["type"] == "ceiling"), None)
     if ceil is None:  # a GEMM-only run (KILN_BENCH_ONLY=gemm)
         return gemm_table(kiln, torch)
-    tw = {r["workload"]: r for r in torch if r.get("type") == "workload"}
+    tw = {}  # by workload; the modes of every file that has it (e.g. W7's reduce-overhead run apart)
+    for r in torch:
+        if r.get("type") == "workload":
+            w = tw.setdefault(r["workload"], {**r, "modes": {}})
+            w["modes"].update(r.get("modes", {}))
     host = (f"; launch floor {ceil['launch_floor_us']:.2f} us; compiled x+1 {ceil['compiled_plus_one_us']:.2f} us/call"
             + (f" (reduce-overhead: {ceil['reduce_overhead_plus_one_us']:.2f})" if "reduce_overhead_plus_one_us" in ceil else "")
             if "launch_floor_us" in ceil else "")  # absent from a KILN_BENCH_ONLY=rows run
