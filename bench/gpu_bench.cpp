@@ -282,6 +282,14 @@ static void prologue_benches() {
   }
 }
 
+// Each of `tiles` with its K in 2, 4, 8 and 16 ranges of blocks (split-K probes).
+static std::vector<codegen::GemmConfig> split_probes(std::initializer_list<codegen::GemmConfig> tiles) {
+  std::vector<codegen::GemmConfig> probes;
+  for (const codegen::GemmConfig& c : tiles)
+    for (int sk : {2, 4, 8, 16}) probes.push_back(codegen::gemm_sliced(c, c.k_slices, sk));
+  return probes;
+}
+
 // f32 GEMMs of fewer tiles than SMs (W7's layers among them): the heuristic's pick, then
 // with KILN_BENCH_GEMM_SMALL_SWEEP=1 every SIMT candidate and a few probes forced.
 static void small_gemm_benches() {
@@ -295,13 +303,10 @@ static void small_gemm_benches() {
     const std::string name = "f32 small [" + std::to_string(s.m) + "," + std::to_string(s.k) + "]x[" + std::to_string(s.k) + "," +
                              std::to_string(s.n) + "]";
     bench_gemm(name, a, b, picked_config(a, b));
-    if (std::getenv("KILN_BENCH_GEMM_SMALL_SWEEP")) {  // probes: each tile in 2 to 16 ranges of K (split-K)
-      std::vector<codegen::GemmConfig> probes;
-      for (codegen::GemmConfig c : {codegen::gemm_sliced({K::simt, 32, 32, 32, 4, 4, 1}, 4), codegen::GemmConfig{K::simt, 64, 64, 16, 4, 4, 1},
-                                    codegen::GemmConfig{K::simt, 128, 128, 8, 8, 8, 1}})
-        for (int sk : {2, 4, 8, 16}) probes.push_back(codegen::gemm_sliced(c, c.k_slices, sk));
-      bench_candidates(name, a, b, probes);
-    }
+    if (std::getenv("KILN_BENCH_GEMM_SMALL_SWEEP"))
+      bench_candidates(name, a, b,
+                       split_probes({codegen::gemm_sliced({K::simt, 32, 32, 32, 4, 4, 1}, 4), {K::simt, 64, 64, 16, 4, 4, 1},
+                                     {K::simt, 128, 128, 8, 8, 8, 1}}));
   }
 }
 
@@ -850,12 +855,10 @@ int main(int argc, char** argv) {
                 (unsigned long long)h.w7_ro_built, (unsigned long long)h.w7_ro_updates, err);
     if (std::getenv("KILN_BENCH_W7_SWEEP")) {  // W7 in reduce-overhead with each SIMT config forced on its three GEMMs
       using K = codegen::GemmKind;
-      std::vector<codegen::GemmConfig> configs;
-      for (const codegen::GemmConfig& c : codegen::gemm_candidates(DType::f32, 0))
-        if (c.kind == K::simt) configs.push_back(c);
-      for (codegen::GemmConfig c : {codegen::gemm_sliced({K::simt, 32, 32, 32, 4, 4, 1}, 4), codegen::GemmConfig{K::simt, 32, 32, 16, 2, 2, 1},
-                                    codegen::GemmConfig{K::simt, 64, 64, 16, 4, 4, 1}})
-        for (int sk : {2, 4, 8, 16}) configs.push_back(codegen::gemm_sliced(c, c.k_slices, sk));
+      std::vector<codegen::GemmConfig> configs = codegen::gemm_candidates(DType::f32, 0);  // arch 0: the SIMT ones
+      for (const codegen::GemmConfig& c : split_probes({codegen::gemm_sliced({K::simt, 32, 32, 32, 4, 4, 1}, 4),
+                                                        {K::simt, 32, 32, 16, 2, 2, 1}, {K::simt, 64, 64, 16, 4, 4, 1}}))
+        configs.push_back(c);
       for (const codegen::GemmConfig& c : configs) {
         codegen::gemm_chooser() = [c](const codegen::GemmProblem&) { return std::optional<codegen::GemmConfig>(c); };
         Tensor<f32, 2> o = evaluate(Mode::reduce_overhead, mlp());

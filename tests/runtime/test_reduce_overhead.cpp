@@ -16,7 +16,7 @@ using namespace kiln::test;
 namespace {
 
 // Whether this process launches reduce-overhead calls as graphs: a CUDA device whose driver has them.
-bool graphs_here() { return default_device().kind == DeviceKind::cuda && cu::driver().has_graphs(); }
+bool graphs_here() { return default_device().kind == DeviceKind::cuda && cu::CudaGraph::supported(); }
 
 // y = softmax(relu(x @ w + b)) over rows, and s = the column sums of x * 2: a GEMM with
 // its epilogue, a rows kernel, a column-sum kernel.

@@ -573,6 +573,8 @@ struct GpuCall {
   std::vector<KernelArgs> args;
   std::vector<codegen::GpuVariant> vars;
   Hash128 key;
+  // Whether kernel k is launched: it has work, and is no prologue its GEMM computes itself.
+  bool launches(size_t k) const { return args[k].work != 0 && !vars[k].skip; }
 };
 
 // The key of a variant set: which program of the plan a call needs.
@@ -714,7 +716,7 @@ class GpuBackend final : public Backend {
     const auto& kernels = cp.plan.kernels;
     const bool profile = profiling();
     for (size_t k = 0; k < kernels.size(); ++k) {
-      if (call.args[k].work == 0 || call.vars[k].skip) continue;
+      if (!call.launches(k)) continue;
       std::optional<typename Api::Timer> timer;  // KILN_PROFILE: the launch between two events
       if (profile) timer.emplace(dev.ordinal()), timer->start(dev.stream());
       if (by_library[k] && Api::library_gemm(g, kernels[k], cp.layouts[k], call.args[k], dev)) {
@@ -759,7 +761,7 @@ class GpuBackend final : public Backend {
     bool same = st.graph.built();
     size_t n = 0;
     for (size_t k = 0; k < kernels.size(); ++k) {
-      if (call.args[k].work == 0 || call.vars[k].skip) continue;
+      if (!call.launches(k)) continue;
       if (n == st.nodes.size()) st.nodes.emplace_back(), same = false;
       GraphNode& node = st.nodes[n++];
       st.maps = TensorMaps{};  // compared whole: no stale bytes where a kernel has no maps
