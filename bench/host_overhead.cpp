@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
   double key = ns_per_call([&] { auto k = runtime::variant_key(gc.vars); }, n);
   std::vector<uint64_t> block;
   double arg_block = ns_per_call(
-      [&] { runtime::gpu_arg_block(cp->layouts[0], gc.args[0], gc.vars[0], nullptr, block); }, n);
+      [&] { runtime::gpu_arg_block(cp->layouts[0], gc.args[0], gc.vars[0], nullptr, nullptr, block); }, n);
   std::printf("GPU path without a device (fake API: launches record nothing):\n");
   std::printf("  compiled call, GPU backend  %8.0f ns (trace, plan slot, bind buffers, run, output)\n", gpu_call_ns);
   std::printf("  the same, reduce-overhead   %8.0f ns (the launch a graph replay: arguments compared with the graph's)\n", gpu_graph_ns);

@@ -249,13 +249,28 @@ TEST_CASE("gemm config choice: tensor cores only where dtype, architecture and l
   CHECK(!codegen::gemm_chooser());
 }
 
-TEST_CASE("TF32: f32 takes the mma kind where allowed, on sm_80+, aligned operands; its configs fit the shared memory") {
+TEST_CASE("TF32: f32 takes the tensor cores where allowed, on sm_80+, aligned operands (wgmma where the copy engine reads them)") {
   GemmProblem tf = problem(8192, 8192, 8192, DType::f32, true, 90, true);
   CHECK(codegen::gemm_heuristic(tf).kind == GemmKind::simt);  // not allowed: f32 arithmetic
   tf.tf32 = true;
   GemmConfig t = codegen::gemm_heuristic(tf);
-  CHECK(t == codegen::gemm_candidates(DType::f32, 90, true).front());
-  CHECK((t.kind == GemmKind::mma && t.bm == 128 && t.bn == 128 && t.bk == 32));  // no wgmma: its TF32 reads K-major operands only
+  CHECK(t == codegen::gemm_clustered(codegen::gemm_candidates(DType::f32, 90, true).front(), tf));
+  CHECK((t.kind == GemmKind::wgmma && t.bm == 128 && t.bn == 256 && t.bk == 32 && t.persistent && !t.split_epilogue && t.cluster == 2));
+  {  // without the copy engine's layout (tma_ok): mma.sync
+    GemmProblem q = tf;
+    q.tma_ok = false;
+    GemmConfig m = codegen::gemm_heuristic(q);
+    CHECK((m.kind == GemmKind::mma && m.bm == 128 && m.bn == 128 && m.bk == 32));
+    for (const GemmConfig& c : codegen::gemm_tuning_candidates(q)) CHECK(c.kind == GemmKind::mma);
+  }
+  // A 16-bit wgmma config (K steps of 64) and a split epilogue (a 16-bit staging) do not fit TF32.
+  CHECK(!codegen::gemm_fits(codegen::gemm_candidates(DType::bf16, 90).front(), tf));
+  for (const GemmConfig& c : codegen::gemm_candidates(DType::bf16, 90))
+    if (c.kind == GemmKind::wgmma) {
+      GemmConfig f = c;
+      f.bk = 32;
+      CHECK(codegen::gemm_fits(f, tf) == !c.split_epilogue);
+    }
   CHECK(codegen::gemm_heuristic(problem(64, 64, 64, DType::f32, true, 80)).kind == GemmKind::simt);
   for (auto [arch, ok, want] : {std::tuple{80, true, GemmKind::mma}, {86, true, GemmKind::mma}, {75, true, GemmKind::simt},
                                 {90, false, GemmKind::simt}, {-0x90a, true, GemmKind::simt}, {0, true, GemmKind::simt}}) {
@@ -265,7 +280,16 @@ TEST_CASE("TF32: f32 takes the mma kind where allowed, on sm_80+, aligned operan
     CHECK(codegen::gemm_heuristic(q).kind == want);
     for (const GemmConfig& c : codegen::gemm_tuning_candidates(q)) CHECK(c.kind == want);
   }
-  CHECK(codegen::gemm_tuning_candidates(tf).size() == 9);
+  {  // sm_90 with the copy engine: wgmma where the tiles fill the SMs, mma.sync below that
+    GemmProblem q = problem(2048, 2048, 2048, DType::f32, true, 90, true);
+    q.tf32 = true;
+    CHECK(codegen::gemm_heuristic(q).kind == GemmKind::wgmma);
+    for (const GemmConfig& c : codegen::gemm_tuning_candidates(q)) CHECK(c.kind == GemmKind::wgmma);
+    GemmProblem small = problem(256, 256, 256, DType::f32, true, 90, true);
+    small.tf32 = true;
+    CHECK(codegen::gemm_heuristic(small).kind == GemmKind::mma);
+  }
+  CHECK(codegen::gemm_tuning_candidates(tf).size() == 6);  // the wgmma configs (mma.sync's run at half their speed or less)
   CHECK(codegen::gemm_candidates(DType::f32, 90) == codegen::gemm_candidates(DType::f32, 0));  // SIMT unless allowed
   CHECK(codegen::gemm_candidates(DType::bf16, 90, true) == codegen::gemm_candidates(DType::bf16, 90));
   for (const GemmConfig& c : codegen::gemm_candidates(DType::f32, 80, true)) {
@@ -448,13 +472,23 @@ TEST_CASE("every GEMM candidate config compiles for sm_80 and sm_90 (all four op
       GemmHook force(c);
       jobs.push_back({arch, c, cuda_program(arch, matmul(f, fb), matmul(d, db), matmul(i, ib)).src, {}});
     }
-    AllowTf32 tf32;  // TF32: (A K-major, B N-major) and (A M-major, B K-major) cover every fragment load
+    // TF32: (A K-major, B N-major) and (A M-major, B K-major) cover every fragment load of
+    // mma.sync, and wgmma's staging of B and of A (a copy made K-major: GpuVariant::stage).
+    AllowTf32 tf32;
     for (const GemmConfig& c : codegen::gemm_candidates(DType::f32, arch, true)) {
       GemmHook force(c);
       GpuProgram p = cuda_program(arch, matmul(ta, tb), matmul(tat, tbt));
       CAPTURE(c.str());
       for (const auto& v : p.matmuls()) CHECK(v.gemm == c);
-      CHECK(p.src.find("kiln_mma_tf32(") != std::string::npos);
+      if (c.kind == GemmKind::wgmma) {
+        CHECK(p.src.find("k8.f32.tf32.tf32") != std::string::npos);
+        CHECK(p.matmuls()[0].stage == 2);  // B N-major
+        CHECK(p.matmuls()[1].stage == 1);  // A M-major
+        CHECK(p.src.find("kiln_k0_stage(") != std::string::npos);
+        CHECK(p.src.find("kiln_k1_stage(") != std::string::npos);
+      } else {
+        CHECK(p.src.find("kiln_mma_tf32(") != std::string::npos);
+      }
       jobs.push_back({arch, c, p.src, codegen::gpu_compile_options(p.vars)});
     }
   }
@@ -837,10 +871,85 @@ TEST_CASE("GPU GEMM in TF32 against float64: every case, the heuristic's config 
   run_cases<f32>(std::nullopt);
   GemmProblem any;
   any.dtype = DType::f32, any.arch = cuda_arch(), any.tensor_ok = any.tf32 = true;
-  for (const GemmConfig& c : codegen::gemm_tuning_candidates(any)) {
-    CAPTURE(c.str());
-    CHECK(run_cases<f32>(c) >= (cuda_sm80() ? 3 : 0));
+  for (bool tma : {false, true}) {  // mma.sync's candidates, then (on an sm_90) wgmma's, which stage operands
+    any.tma_ok = tma;
+    for (const GemmConfig& c : codegen::gemm_tuning_candidates(any)) {
+      CAPTURE(c.str());
+      CHECK(run_cases<f32>(c) >= (cuda_sm80() ? 3 : 0));
+    }
   }
+}
+
+TEST_CASE("GPU GEMM in TF32 on an sm_90 (wgmma): staged and in-place operands, batches, epilogues, each tile shape, against float64") {
+  if (kiln::default_device() == kiln::cpu() || cuda_arch() != 90) return;
+  KILN_TEST_RNG(rng);
+  AllowTf32 tf32;
+  Values v{-2, 2};
+  const Tol t = tol_tf32().scaled(2);
+  auto x = input<f32, 2>(rng, {300, 136}, Layout::contiguous, v), xt = input<f32, 2>(rng, {300, 129}, Layout::transposed, v);
+  auto w = input<f32, 2>(rng, {136, 520}, Layout::contiguous, v), wt = input<f32, 2>(rng, {136, 520}, Layout::transposed, v);
+  auto w129 = input<f32, 2>(rng, {129, 200}, Layout::contiguous, v);
+  auto b = input<f32, 1>(rng, {520}, Layout::contiguous, v);
+  auto a3 = input<f32, 3>(rng, {4, 130, 96}, Layout::contiguous, v), b3 = input<f32, 3>(rng, {4, 96, 72}, Layout::contiguous, v);
+  auto at3 = input<f32, 3>(rng, {3, 64, 80}, Layout::transposed, v), one = input<f32, 3>(rng, {1, 80, 136}, Layout::contiguous, v);
+  Array scale;
+  Array pre = ref::zip(ref::matmul(x.a, w.a, &scale), b.a, [](double p, double q) { return p + q; });
+  Array bound = ref::zip(scale, b.a, [](double p, double q) { return std::fabs(p) + std::fabs(q); });
+  Array want_gelu = ref::map(pre, ref::gelu);
+  std::vector<GemmConfig> tiles;  // each TF32 wgmma tile shape once, persistent or not
+  for (const GemmConfig& c : codegen::gemm_candidates(DType::f32, 90, true))
+    if (c.kind == GemmKind::wgmma && std::none_of(tiles.begin(), tiles.end(), [&](const GemmConfig& u) {
+          return u.bn == c.bn && u.persistent == c.persistent;
+        }))
+      tiles.push_back(c);
+  REQUIRE(tiles.size() >= 4);
+  for (const GemmConfig& c : tiles) {
+    CAPTURE(c.str());
+    Batch batch;
+    auto add = [&](const auto& e, const Array& xa, const Array& ya, const std::string& what) {
+      Array sc;
+      Array want = ref::matmul(xa, ya, &sc);
+      batch.check(e, want, t, what, sc);
+    };
+    batch.check(kiln::gelu(kiln::matmul(x.t, w.t) + b.t), want_gelu, t, "gelu(x @ w + b), B staged", bound);
+    add(kiln::matmul(x.t, wt.t), x.a, wt.a, "x @ transposed w: nothing staged");
+    add(kiln::matmul(xt.t, w129.t), xt.a, w129.a, "transposed x @ w, K = 129: both staged, rows padded to 132");
+    add(kiln::matmul(a3.t, b3.t), a3.a, b3.a, "[4, 130, 96] @ [4, 96, 72]: B's 4 batches staged");
+    add(kiln::matmul(at3.t, one.t), at3.a, one.a, "transposed [3, 64, 80] @ [1, 80, 136]: A's batches and B's one staged");
+    GemmHook hook(c);
+    batch.run();
+    REQUIRE(hook.seen.size() == 5);
+    for (const GemmProblem& p : std::vector(hook.seen)) CHECK(codegen::gemm_choose(p) == c);
+  }
+  // One launch for the GEMM, one more where an operand is staged; the heuristic's choice.
+  Counters c0 = counters();
+  Tensor<f32, 2> y = kiln::matmul(x.t, w.t);
+  CHECK(counters().kernels_launched - c0.kernels_launched == 2);
+  Counters c1 = counters();
+  Tensor<f32, 2> y2 = kiln::matmul(x.t, wt.t);
+  CHECK(counters().kernels_launched - c1.kernels_launched == 1);
+  check_close(y, ref::matmul(x.a, w.a), t, "x @ w (the heuristic's)", &scale);
+  Array scale2;
+  Array want2 = ref::matmul(x.a, wt.a, &scale2);
+  check_close(y2, want2, t, "x @ transposed w (the heuristic's)", &scale2);
+}
+
+TEST_CASE("GPU GEMM in TF32 on an sm_90 (wgmma): a staged copy is rounded to nearest TF32, an operand read in place truncated") {
+  if (kiln::default_device() == kiln::cpu() || cuda_arch() != 90) return;
+  // 1 + 3 * 2^-12 is 1 + 2^-10 in TF32 rounded to nearest, 1 truncated; 64 products of it with 1.
+  const double x = 1 + 3.0 / 4096, rounded = 1 + 1.0 / 1024;
+  auto full = [](int64_t r, int64_t c, double value) { return Tensor<f32, 2>::from(Shape<2>{r, c}, std::vector<double>(size_t(r * c), value)); };
+  auto expect = [](const Tensor<f32, 2>& got, double want, const char* what) {
+    Array out = read(got);
+    int64_t bad = std::count_if(out.v.begin(), out.v.end(), [&](double e) { return e != want; });
+    CHECK_MESSAGE(bad == 0, what << ": " << bad << " of " << out.numel() << " elements differ from " << fmt(want));
+  };
+  AllowTf32 tf32;
+  GemmHook hook(codegen::gemm_candidates(DType::f32, 90, true).front());
+  expect(Tensor<f32, 2>(matmul(full(256, 64, 1.0), full(64, 256, x))), 64 * rounded, "B N-major, staged");
+  expect(Tensor<f32, 2>(matmul(full(256, 64, x), full(64, 256, 1.0))), 64.0, "A K-major, read in place");
+  REQUIRE(hook.seen.size() == 2);
+  for (const GemmProblem& p : std::vector(hook.seen)) CHECK(codegen::gemm_choose(p).kind == GemmKind::wgmma);
 }
 
 TEST_CASE("GPU GEMM in TF32: inputs rounded to nearest TF32 (not truncated), f32 arithmetic when not allowed") {

@@ -52,16 +52,23 @@ Dispatch dispatch_in(Mode mode, FakeGpuBackend& backend, int ordinal, const Es&.
       return std::find(part.kernels.begin(), part.kernels.end(), k) != part.kernels.end();
     });
   };
-  std::vector<size_t> kernels;
+  // Each launch: its kernel, and whether it is that GEMM's staging kernel (GpuVariant::stage), which runs first.
+  std::vector<std::pair<size_t, bool>> kernels;
   std::vector<std::vector<uint64_t>> blocks;
   dev.record_words.clear();
   for (size_t k = 0; k < cp->plan.kernels.size(); ++k) {
     if (want.args[k].work == 0) continue;
-    uint64_t ws[codegen::kGpuSplitWords] = {};
-    runtime::gpu_arg_block(cp->layouts[k], want.args[k], want.vars[k], ws, blocks.emplace_back());
-    if (want.vars[k].workspace()) blocks.back().resize(blocks.back().size() - codegen::kGpuSplitWords);  // the backend's workspace
-    kernels.push_back(k);
-    dev.record_words.push_back(blocks.back().size());
+    uint64_t ws[codegen::kGpuSplitWords] = {}, st[codegen::kGpuStageWords] = {};
+    std::vector<uint64_t> block;
+    runtime::gpu_arg_block(cp->layouts[k], want.args[k], want.vars[k], ws, st, block);
+    // the backend's workspace and staging buffers: the argument block's last words
+    block.resize(block.size() - (want.vars[k].workspace() ? codegen::kGpuSplitWords : 0) - (want.vars[k].stage ? codegen::kGpuStageWords : 0));
+    for (bool staging : {true, false}) {
+      if (staging && !want.vars[k].stage) continue;
+      kernels.push_back({k, staging});
+      blocks.push_back(block);
+      dev.record_words.push_back(block.size());
+    }
   }
   size_t loads = dev.modules.size();
   auto c0 = counters();
@@ -73,12 +80,14 @@ Dispatch dispatch_in(Mode mode, FakeGpuBackend& backend, int ordinal, const Es&.
   REQUIRE(dev.launched.size() == kernels.size());
   for (size_t i = 0; i < kernels.size(); ++i) {
     const FakeGpuDevice::Launch& l = dev.launched[i];
-    const sched::Kernel& k = cp->plan.kernels[kernels[i]];
-    runtime::GpuLaunch L = runtime::gpu_launch_shape(k, want.args[kernels[i]], want.vars[kernels[i]], p.sm_count, warp);
+    const auto [ki, staging] = kernels[i];
+    const sched::Kernel& k = cp->plan.kernels[ki];
+    runtime::GpuLaunch L = staging ? runtime::gpu_stage_launch(want.args[ki], want.vars[ki])
+                                   : runtime::gpu_launch_shape(k, want.args[ki], want.vars[ki], p.sm_count, warp);
     CAPTURE(i);
     const bool gemm = k.kind == sched::KernelKind::matmul;  // its own program, the one kernel kiln_k0
-    CHECK(l.module->source == part_of(kernels[i]).source);
-    CHECK(l.name == (gemm ? std::string("kiln_k0") : "kiln_k" + std::to_string(kernels[i])));
+    CHECK(l.module->source == part_of(ki).source);
+    CHECK(l.name == (staging ? std::string("kiln_k0_stage") : gemm ? std::string("kiln_k0") : "kiln_k" + std::to_string(ki)));
     CHECK(std::tuple(l.grid.x, l.grid.y, l.grid.z) == std::tuple(L.grid.x, L.grid.y, L.grid.z));
     CHECK(std::tuple(l.block.x, l.block.y, l.block.z) == std::tuple(L.block.x, L.block.y, L.block.z));
     CHECK(l.shared_bytes == L.shared_bytes);
@@ -213,6 +222,49 @@ TEST_CASE("GPU dispatch: the block-size override, a GEMM chooser, TF32 and anoth
   CHECK(FakeGpuApi::device(1).modules.back().source.find("#define KILN_WARP 64") != std::string::npos);
   CHECK(dispatch(backend, 0, row_sum(x)).loads == 0);
   CHECK(dispatch(backend, 1, row_sum(x)).loads == 0);
+}
+
+TEST_CASE("GPU dispatch: TF32 on sm_90 stages each operand wgmma cannot read (a kernel of its own, launched first), fused and in a graph") {
+  KILN_TEST_RNG(rng);
+  FakeGpuBackend backend;
+  AllowTf32 on;
+  // Tiles enough for the sm_90 heuristic's wgmma (128x256 over 132 SMs).
+  auto x = host(rng, Shape<2>{2048, 512}), w = host(rng, Shape<2>{512, 2048});
+  auto wt = host(rng, Shape<2>{2048, 512}), xt = host(rng, Shape<2>{512, 2048});
+  auto mm = [](const Tensor<f32, 2>& p, const Tensor<f32, 2>& q) { return matmul(p, q); };
+  struct Case {
+    Tensor<f32, 2> a, b;
+    uint8_t stage;
+    int64_t tiles;  // the staging kernel's blocks: 32 x 32 tiles of each staged copy
+  };
+  for (const Case& c : {Case{x, w, 2, 64 * 16},                                    // B N-major (row-major W)
+                        Case{x, wt.transpose(0, 1), 0, 0},                         // W [N, K] read as W.t(): K-major
+                        Case{xt.transpose(0, 1), w, 3, 64 * 16 * 2},               // A M-major too
+                        Case{xt.transpose(0, 1), wt.transpose(0, 1), 1, 64 * 16}}) {  // A alone
+    CAPTURE(int(c.stage));
+    Dispatch d = dispatch(backend, 0, mm(c.a, c.b));  // checks both launches: staging, then the GEMM
+    REQUIRE(d.vars.size() == 1);
+    const codegen::GpuVariant& v = d.vars[0];
+    CHECK((v.gemm.kind == codegen::GemmKind::wgmma && v.gemm.bk == 32));
+    CHECK(v.stage == c.stage);
+    CHECK((v.gemm_ops.a_k_major && v.gemm_ops.b_k_major));  // what the GEMM reads: the copies
+    const auto& launched = FakeGpuApi::device(0).launched;
+    REQUIRE(launched.size() == (c.stage ? 2u : 1u));
+    if (c.stage) CHECK(launched[0].grid.x == c.tiles);
+    CHECK(dispatch(backend, 0, mm(c.a, c.b)).loads == 0);
+  }
+  // In a graph: the staging kernel is a node before its GEMM's; a repeat call updates neither.
+  auto c0 = counters();
+  for (int i = 0; i < 3; ++i) dispatch_in(Mode::reduce_overhead, backend, 0, mm(x, w));
+  auto c1 = counters();
+  CHECK(c1.graphs_built - c0.graphs_built == 1);
+  CHECK(c1.graph_replays - c0.graph_replays == 3);
+  CHECK(c1.graph_updates == c0.graph_updates);
+  CHECK(c1.kernels_launched - c0.kernels_launched == 6);
+  // Not allowed: f32 arithmetic, nothing staged.
+  AllowTf32 off(false);
+  Dispatch plain = dispatch(backend, 0, mm(x, w));
+  CHECK((plain.vars[0].gemm.kind == codegen::GemmKind::simt && plain.vars[0].stage == 0));
 }
 
 TEST_CASE("GPU dispatch: many plans, other threads and a new backend each get their own programs") {

@@ -100,6 +100,8 @@ struct FakeGpuApi : runtime::GpuDeviceApi<DeviceKind::cpu, codegen::GpuDialect::
                            FakeGpuDevice&) {
     return false;
   }
+  // A wgmma GEMM's tensor maps: none (no copy engine behind it); a launch records the argument block.
+  static void tensor_maps(const runtime::KernelArgs&, const codegen::GpuVariant&, const uint64_t*, runtime::TensorMaps&) {}
   // max-autotune's compiles ahead of the timing: every program it was given, in order.
   static inline std::vector<std::string> compiled_ahead;
   static void compile_ahead(const std::vector<std::pair<std::string, std::vector<std::string>>>& programs, FakeGpuDevice&) {

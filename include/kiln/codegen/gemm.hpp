@@ -10,7 +10,8 @@
 // blockIdx.z the batch (broadcast batch dims have stride 0).
 //
 // Four kinds:
-//   wgmma bf16/f16 on sm_90 (built for sm_90a): codegen/gemm_sm90.hpp.
+//   wgmma bf16/f16 on sm_90 (built for sm_90a), and f32 where TF32 is allowed (an operand
+//         that is not K-major copied K-major first): codegen/gemm_sm90.hpp.
 //   mma   bf16/f16 on sm_80+: cp.async multi-stage pipeline into padded shared
 //         memory (rows padded by 16 bytes: ldmatrix and the copies meet no bank
 //         conflicts), ldmatrix (.trans for M-major A and N-major B),
@@ -132,8 +133,10 @@ struct GemmProblem {
 inline bool gemm_has_mma(DType d, int arch, bool tf32 = false) {
   return arch >= 80 && (d == DType::bf16 || d == DType::f16 || (tf32 && d == DType::f32));
 }
-// wgmma exists on sm_90 alone (sm_90a code does not run on later GPUs).
-inline bool gemm_has_wgmma(DType d, int arch) { return arch == 90 && (d == DType::bf16 || d == DType::f16); }
+// wgmma exists on sm_90 alone (sm_90a code does not run on later GPUs); f32 where TF32 is allowed.
+inline bool gemm_has_wgmma(DType d, int arch, bool tf32 = false) {
+  return arch == 90 && (d == DType::bf16 || d == DType::f16 || (tf32 && d == DType::f32));
+}
 
 // An AMD target in GemmProblem::arch: its gfx number read as hex, negated (gfx90a -> -0x90a,
 // gfx1030 -> -0x1030; the features after a ':' ignored), so that no NVIDIA test (arch >= 80)
@@ -182,8 +185,11 @@ inline size_t gemm_simt_shared_bytes(const GemmConfig& c, DType d) {
 // Whether a config can compute this problem.
 inline bool gemm_fits(const GemmConfig& c, const GemmProblem& p) {
   if ((c.k_slices > 1 || c.split_k > 1) && c.kind != GemmKind::simt) return false;
+  // wgmma: a K step is one 128-byte swizzle row (64 16-bit elements, 32 TF32 ones); the split
+  // epilogue's staging holds the output in 16 bits.
   if (c.kind == GemmKind::wgmma)
-    return p.tma_ok && p.tensor_ok && gemm_has_wgmma(p.dtype, p.arch) &&
+    return p.tma_ok && p.tensor_ok && gemm_has_wgmma(p.dtype, p.arch, p.tf32) && c.bk * int(info(p.dtype).bytes) == 128 &&
+           !(c.split_epilogue && p.dtype == DType::f32) &&
            (c.cluster == 1 || (c.persistent && !c.stream_k && c.bn % (64 * c.cluster) == 0));
   if (c.kind == GemmKind::mma) {
     GemmOperands o = p.ops;
@@ -208,10 +214,20 @@ inline std::vector<GemmConfig> gemm_candidates(DType d, int arch, bool tf32 = fa
   // 163 KB and leave a Hopper room for two blocks. NOTE: on an H200 (f32 4096^3, each forced;
   // docs/benchmarks.md, sixteenth session) 128x128x32 s3 ran at 156 TFLOP/s, 128x128x16 s4 at
   // 145, 128x256x32 s3 at 141, the rest 107-122; 128x128x32 s4 (143 KB: one block an SM) at 60.
-  if (d == DType::f32 && gemm_has_mma(d, arch, tf32))
-    return {{K::mma, 128, 128, 32, 64, 64, 3}, {K::mma, 128, 128, 16, 64, 64, 4}, {K::mma, 128, 128, 16, 64, 64, 6},
+  // TF32 on sm_90: wgmma first, as bf16's below with K steps of 32 (the same 128 bytes; an
+  // operand that is not K-major is copied K-major before the GEMM: GpuVariant::stage).
+  std::vector<GemmConfig> tf32_hopper;
+  if (d == DType::f32 && gemm_has_wgmma(d, arch, tf32))
+    tf32_hopper = {{K::wgmma, 128, 256, 32, 64, 256, 4, true}, {K::wgmma, 128, 128, 32, 64, 128, 6},
+                   {K::wgmma, 128, 192, 32, 64, 192, 4},       {K::wgmma, 128, 256, 32, 64, 256, 4},
+                   {K::wgmma, 128, 256, 32, 64, 256, 3},       {K::wgmma, 128, 128, 32, 64, 128, 6, true}};
+  if (d == DType::f32 && gemm_has_mma(d, arch, tf32)) {
+    std::vector<GemmConfig> ampere = {{K::mma, 128, 128, 32, 64, 64, 3}, {K::mma, 128, 128, 16, 64, 64, 4}, {K::mma, 128, 128, 16, 64, 64, 6},
             {K::mma, 128, 256, 16, 64, 64, 4}, {K::mma, 128, 256, 32, 64, 64, 3}, {K::mma, 256, 128, 16, 64, 64, 4},
             {K::mma, 128, 128, 32, 64, 32, 3}, {K::mma, 64, 128, 32, 32, 64, 4},  {K::mma, 64, 64, 32, 32, 32, 4}};
+    tf32_hopper.insert(tf32_hopper.end(), ampere.begin(), ampere.end());
+    return tf32_hopper;
+  }
   // NOTE: measured on an H200 (bench/gpu_bench.cpp, KILN_BENCH_GEMM_SWEEP, bf16 8192^3):
   // 128x128 blocks of four 64x64 warps, two blocks per SM, beat one 8-warp 128x256 block
   // (333 against 276 TFLOP/s; docs/benchmarks.md has the sweep).
@@ -397,7 +413,7 @@ inline int gemm_mma_pad(const GemmOperands& o, bool k_inner) { return o.elem_byt
 // barriers and the tile), and 1 KB to align the base to the swizzle atom.
 inline size_t gemm_shared_bytes(const GemmConfig& c, const GemmOperands& o) {
   if (c.kind == GemmKind::wgmma)
-    return size_t(c.stages) * (size_t(c.bm + c.bn) * c.bk * 2 + 16) +
+    return size_t(c.stages) * (size_t(c.bm + c.bn) * size_t(c.bk) * size_t(o.elem_bytes) + 16) +
            (c.split_epilogue ? 16 + gemm_split_staging_bytes(c) : size_t(c.bm / c.wm) * 64 * kWgmmaStagePitch * 4) + 1024;
   if (c.kind != GemmKind::mma) return 0;
   size_t a = o.a_k_major ? size_t(c.bm) * (c.bk + gemm_mma_pad(o, true)) : size_t(c.bk) * (c.bm + gemm_mma_pad(o, false));

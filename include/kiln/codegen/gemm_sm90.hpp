@@ -1,7 +1,7 @@
 // kiln — header-only C++20 tensor compiler.
 // SPDX-License-Identifier: Apache-2.0
 //
-// The Hopper GEMM (GemmKind::wgmma, bf16/f16 on sm_90, built for sm_90a): the
+// The Hopper GEMM (GemmKind::wgmma, bf16/f16, and f32 in TF32, on sm_90, built for sm_90a): the
 // body of one kernel, over the same argument block and tile order as the other
 // kinds (codegen/gemm.hpp), plus two tensor maps (tma_a, tma_b: kernel
 // parameters the host encodes, runtime/cuda_backend.hpp).
@@ -47,6 +47,10 @@
 // so an epilogue that is long per element (loads from memory, transcendentals) overlaps
 // the tensor cores' work instead of following it. Its staging takes one stage's room.
 //
+// TF32: the same kernel over 4-byte elements, K steps of 32 (a swizzle row), wgmma m64nBNk8.
+// Its TF32 form reads both operands K-major only; the host stages an M-major A or an N-major
+// B first (GpuVariant::stage: a kernel of the same program copies it K-major, rounded to
+// nearest TF32), and the tensor cores truncate an operand read in place to TF32.
 // Shared memory per stage, each box 1024-byte aligned (the swizzle atom):
 //   A K-major: [BM rows][64 k] (one box)          A M-major: BM/64 boxes of [64 k][64 m]
 //   B K-major: [BN rows][64 k] (one box)          B N-major: BN/64 boxes of [64 k][64 n]
@@ -72,7 +76,8 @@ class WgmmaWriter {
     const std::string KB = sk ? "kb" : "0", KE = sk ? "ke" : "KT";
     std::string s = w_.head(prelude);
     s += "  constexpr int STAGES = " + S(c_.stages) + ", CONSUMERS = BM / WM;\n";
-    s += "  constexpr uint32_t A_STAGE = BM * BK * 2, B_STAGE = BN * BK * 2;\n";
+    // E: an element's bytes (a K step, BK of them, is one 128-byte swizzle row); KS: the K of one wgmma.
+    s += "  constexpr uint32_t E = " + S(elem()) + ", A_STAGE = BM * BK * E, B_STAGE = BN * BK * E;\n  constexpr int KS = 32 / E;\n";
     s += "  extern __shared__ __align__(128) unsigned char kiln_smem[];\n";
     s += "  const uint32_t sA = (kiln_smem_addr(kiln_smem) + 1023u) & ~1023u, sB = sA + STAGES * A_STAGE;\n";
     s += "  const uint32_t full0 = sB + STAGES * B_STAGE, empty0 = full0 + STAGES * 8;\n";
@@ -141,7 +146,7 @@ class WgmmaWriter {
     s += "    for (int kt = " + KB + "; kt < " + KE + "; ++kt, ++g) {\n      const int s = g % STAGES;\n";
     s += "      kiln_mbar_wait(full0 + 8 * s, (g / STAGES) & 1);\n";
     s += "      const uint32_t a = sA + s * A_STAGE + c * 8192, b = sB + s * B_STAGE;\n      kiln_wgmma_fence();\n";
-    s += "#pragma unroll\n      for (int ks = 0; ks < BK / 16; ++ks) {\n";
+    s += "#pragma unroll\n      for (int ks = 0; ks < BK / KS; ++ks) {\n";
     s += std::string("        const unsigned long long da = ") +
          (o_.a_k_major ? "kiln_wgmma_desc(a + ks * 32, 16, 1024)" : "kiln_wgmma_desc(a + ks * 2048, 8192, 1024)") +
          ", db = " + (o_.b_k_major ? "kiln_wgmma_desc(b + ks * 32, 16, 1024)" : "kiln_wgmma_desc(b + ks * 2048, 8192, 1024)") +
@@ -198,16 +203,24 @@ class WgmmaWriter {
     return "{ const uint32_t e = " + bar + "; for (uint32_t r = 0; r < CL; ++r) kiln_mbar_arrive_cluster(e, r); }";
   }
 
-  // wgmma.mma_async m64n<BN>k16, f32 += A * B, both operands by descriptor; imm-trans
-  // is 1 for an M-major A or an N-major B.
+  // An operand element's bytes: 4 for TF32 (f32 elements), else 2.
+  int elem() const { return d_ == DType::f32 ? 4 : 2; }
+
+  // wgmma.mma_async m64n<BN>k16 (TF32: k8), f32 += A * B, both operands by descriptor;
+  // imm-trans is 1 for an M-major A or an N-major B. TF32 has no imm-trans: both operands are
+  // K-major (GpuVariant::stage copies one that is not), and the tensor cores read each f32
+  // element's upper 19 bits (truncated to TF32).
   std::string mma_instruction(const std::string& ind) const {
     int n = c_.bn, regs = n / 2;
-    std::string t = d_ == DType::bf16 ? "bf16" : "f16", list;
+    const bool tf32 = d_ == DType::f32;
+    if (tf32 && !(o_.a_k_major && o_.b_k_major)) throw Error("kiln: internal error: a TF32 wgmma GEMM on an operand that is not K-major");
+    std::string t = tf32 ? "tf32" : d_ == DType::bf16 ? "bf16" : "f16", list;
     for (int i = 0; i < regs; ++i) list += (i ? ", %" : "%") + std::to_string(i);
+    const std::string trans = tf32 ? "" : std::string(", ") + (o_.a_k_major ? "0" : "1") + ", " + (o_.b_k_major ? "0" : "1");
     std::string s = ind + "asm volatile(\"{ .reg .pred p; setp.ne.b32 p, %" + std::to_string(regs + 2) +
-                    ", 0; wgmma.mma_async.sync.aligned.m64n" + std::to_string(n) + "k16.f32." + t + "." + t + " {" + list +
-                    "}, %" + std::to_string(regs) + ", %" + std::to_string(regs + 1) + ", p, 1, 1, " +
-                    (o_.a_k_major ? "0" : "1") + ", " + (o_.b_k_major ? "0" : "1") + "; }\\n\"\n" + ind + "  : ";
+                    ", 0; wgmma.mma_async.sync.aligned.m64n" + std::to_string(n) + (tf32 ? "k8" : "k16") + ".f32." + t + "." + t + " {" +
+                    list + "}, %" + std::to_string(regs) + ", %" + std::to_string(regs + 1) + ", p, 1, 1" + trans + "; }\\n\"\n" + ind +
+                    "  : ";
     for (int i = 0; i < regs; ++i) s += (i ? ", " : "") + std::string("\"+f\"(d[") + std::to_string(i) + "])";
     return s + "\n" + ind + "  : \"l\"(da), \"l\"(db), \"r\"(1));\n";
   }

@@ -85,6 +85,11 @@ struct GpuVariant {
   uint8_t prologue = 0;
   // A prologue's own kernel whose GEMM computes the operand itself: not launched.
   bool skip = false;
+  // matmul (wgmma in TF32): bit o set where operand o is not K-major, which TF32's wgmma cannot
+  // read: a staging kernel (kiln_k<i>_stage) first copies it K-major, rounded to nearest TF32,
+  // into a buffer the host gives in the argument struct's `st` words, and the GEMM's tensor
+  // map reads that copy (gemm_ops then says K-major).
+  uint8_t stage = 0;
   // The argument struct ends with workspace words: split rows' partials and counters, or a
   // stream-K GEMM's slots and flags (a tile of floats and a flag per block), or a split-K
   // GEMM's (a tile of sums per block, a counter per tile).
@@ -93,6 +98,25 @@ struct GpuVariant {
 
 // The workspace words an argument struct ends with (GpuVariant::workspace): partials, counters.
 inline constexpr int kGpuSplitWords = 2;
+// The staged operands' buffers (GpuVariant::stage), A's and B's, after the workspace words.
+inline constexpr int kGpuStageWords = 2;
+
+// A staged operand (GpuVariant::stage) of a matmul over meta M = [nd, K, sizes, strides per
+// slot]: its rows (M of A, N of B), batches (one where its batch is broadcast) and row pitch
+// (K rounded up to 4 elements: 16-byte rows, as the copy engine steps them), and the 32 x 32
+// tiles the staging kernel copies; the host sizes the buffer and the grid from it, the kernel
+// finds its tile by it.
+struct GemmStaged {
+  int64_t rows = 0, batches = 1, pitch = 0;
+  int64_t tiles() const { return batches * ((rows + 31) / 32) * ((pitch + 31) / 32); }
+  int64_t elements() const { return batches * rows * pitch; }
+  static GemmStaged of(const int64_t* meta, int operand) {
+    const int nd = int(meta[0]);
+    const int64_t* sz = meta + 2;
+    const int64_t* st = sz + nd * (1 + operand);
+    return {sz[operand ? nd - 1 : nd - 2], nd == 3 && st[0] != 0 ? sz[0] : 1, (meta[1] + 3) / 4 * 4};
+  }
+};
 
 inline constexpr int kGpuMaxMeta = 2 + kMaxRank + 16 * kMaxRank;
 
@@ -114,7 +138,8 @@ class GpuKernelWriter {
     size_t ns = std::max<size_t>(l_.slots.size(), 1), nm = meta_words(l_), nw = std::max(l_.words, 1);
     std::string s = "struct " + name_ + "_args { void* p[" + std::to_string(ns) + "]; int64_t m[" + std::to_string(nm) +
                     "]; uint64_t a[" + std::to_string(nw) + "];" +
-                    (v_.workspace() ? " kiln_u64 ws[" + std::to_string(kGpuSplitWords) + "];" : "") + " };\n";
+                    (v_.workspace() ? " kiln_u64 ws[" + std::to_string(kGpuSplitWords) + "];" : "") +
+                    (v_.stage ? " kiln_u64 st[" + std::to_string(kGpuStageWords) + "];" : "") + " };\n";
     // NOTE: the bounds are the block size the host launches with (it is part of the variant). On
     // AMD that lifts the default bound of 1024 work-items, which caps each lane's registers as if
     // 16 wavefronts shared a CU; on NVIDIA the blocks-per-SM hint keeps `resident` threads
@@ -135,7 +160,7 @@ class GpuKernelWriter {
               : "") +
          ") {\n";
     s += "  void* const* P = args.p; const int64_t* M = args.m; const uint64_t* A = args.a; (void)P; (void)A;\n";
-    if (k_.kind == sched::KernelKind::matmul) return s + matmul() + "}\n";
+    if (k_.kind == sched::KernelKind::matmul) return s + matmul() + "}\n" + (v_.stage ? stage_kernel() : "");
     s += v_.rank ? "  constexpr int nd = " + std::to_string(v_.rank) + ", no = " + std::to_string(v_.outer_rank) + "; (void)no;\n"
                  : "  const int nd = (int)M[0], no = (int)M[1]; (void)no;\n";
     s += "  const int64_t* sz = M + 2;\n  const int64_t* st = M + 2 + nd;\n";
@@ -808,6 +833,28 @@ class GpuKernelWriter {
     return GemmWriter(v_.gemm, v_.gemm_ops, ep.dtype(), store, pro).body(prelude);
   }
   std::string prologue_name(int operand) const { return name_ + (operand ? "_pb" : "_pa"); }
+
+  // GpuVariant::stage's kernel: 256 threads a block, a block per 32 x 32 tile of the staged
+  // operands (A's tiles first), each copied K-major into its `st` buffer (kiln_stage_tile).
+  // The operand's strides are the matmul meta's (slot 0: A [M, K], slot 1: B [K, N]).
+  std::string stage_kernel() const {
+    std::string s = "extern \"C\" __global__ void __launch_bounds__(256) " + name_ + "_stage(const " + name_ + "_args args) {\n";
+    s += "  const int64_t* M = args.m;\n  const int nd = (int)M[0];\n  const int64_t K = M[1], KP = (K + 3) / 4 * 4;\n";
+    s += "  int64_t t = blockIdx.x;\n";
+    for (int o = 0; o < 2; ++o) {
+      if (!(v_.stage >> o & 1u)) continue;
+      const std::string O = std::to_string(o);
+      // rows: M of A (stride sa[nd-2]), N of B (sb[nd-1]); K: A's sa[nd-1], B's sb[nd-2]
+      s += "  {\n    const int64_t* sz = M + 2;\n    const int64_t* so = sz + nd * " + std::to_string(1 + o) + ";\n";
+      s += "    const int64_t R = sz[nd - " + std::string(o ? "1" : "2") + "], sr = so[nd - " + (o ? "1" : "2") + "], sk = so[nd - " +
+           (o ? "2" : "1") + "];\n";
+      s += "    const int64_t tr = (R + 31) / 32, tk = (KP + 31) / 32, nb = nd == 3 && so[0] != 0 ? sz[0] : 1;\n";
+      s += "    if (t < nb * tr * tk) {\n      const int64_t b = t / (tr * tk), q = t % (tr * tk);\n";
+      s += "      kiln_stage_tile((const float*)args.p[" + O + "] + (nb > 1 ? b * so[0] : 0), sr, sk, R, K, (float*)args.st[" + O +
+           "] + b * R * KP, KP, q / tk * 32, q % tk * 32);\n      return;\n    }\n    t -= nb * tr * tk;\n  }\n";
+    }
+    return s + "}\n";
+  }
 
   const ir::Graph& g_;
   const sched::Kernel& k_;

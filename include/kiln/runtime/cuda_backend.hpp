@@ -33,27 +33,35 @@ struct CudaDeviceApi : GpuDeviceApi<DeviceKind::cuda, codegen::GpuDialect::cuda>
   }
 
   // The tensor maps of a wgmma GEMM (codegen/gemm_sm90.hpp): each operand as a 3-d
-  // tensor {contiguous dim, other matrix dim, batch}, boxes of 64 contiguous elements
-  // (one 128-byte swizzle row) by the rows the kernel copies at once; a broadcast
-  // batch is a batch of one (the kernel reads its coordinate 0).
-  static void tensor_maps(const KernelArgs& a, const codegen::GpuVariant& v, TensorMaps& out) {
+  // tensor {contiguous dim, other matrix dim, batch}, boxes of one 128-byte swizzle row (64
+  // 16-bit or 32 f32 elements) by the rows the kernel copies at once; a broadcast batch is a
+  // batch of one (the kernel reads its coordinate 0). A staged operand (GpuVariant::stage) is
+  // its K-major copy at staged[o]: rows of codegen::GemmStaged's pitch, batches one after another.
+  static void tensor_maps(const KernelArgs& a, const codegen::GpuVariant& v, const uint64_t* staged, TensorMaps& out) {
     const cu::DriverApi& api = cu::driver();
     if (api.cuTensorMapEncodeTiled == nullptr)
       throw Error("kiln: the CUDA driver (" + api.path + ") has no cuTensorMapEncodeTiled: the wgmma GEMM needs a CUDA 12+ driver");
     int nd = int(a.meta[0]);
+    const uint64_t es = uint64_t(v.gemm_ops.elem_bytes);
     auto size = [&](int d) { return uint64_t(a.size(d)); };
-    auto stride = [&](int slot, int d) { return uint64_t(a.stride(size_t(slot), d)) * 2; };  // bytes
+    auto stride = [&](int slot, int d) { return uint64_t(a.stride(size_t(slot), d)) * es; };  // bytes
     uint64_t k = uint64_t(a.meta[1]), m = size(nd - 2), n = size(nd - 1);
     auto encode = [&](TensorMaps::Map& map, int slot, bool k_major, uint64_t mn, unsigned k_major_rows) {
       // slot 0 is A [M, K], slot 1 is B [K, N]: which meta dim is K and which is M or N.
       int kd = slot == 0 ? nd - 1 : nd - 2, mnd = slot == 0 ? nd - 2 : nd - 1;
+      void* base = const_cast<void*>(a.ptrs[size_t(slot)]);
       uint64_t inner = k_major ? k : mn, outer = k_major ? mn : k, outer_stride = stride(slot, k_major ? mnd : kd);
       bool batched = nd == 3 && stride(slot, 0) != 0 && size(0) > 1;
       uint64_t dims[3] = {inner, outer, batched ? size(0) : 1};
       uint64_t strides[2] = {outer_stride, batched ? stride(slot, 0) : outer_stride * outer};
-      unsigned box[3] = {64, k_major ? k_major_rows : unsigned(v.gemm.bk), 1}, unit[3] = {1, 1, 1};
-      int r = api.cuTensorMapEncodeTiled(&map, cu::kTensorMapUint16, 3, const_cast<void*>(a.ptrs[size_t(slot)]), dims, strides,
-                                         box, unit, 0, cu::kTensorMapSwizzle128B, cu::kTensorMapL2Promotion128B, 0);
+      if (v.stage >> slot & 1u) {
+        const codegen::GemmStaged s = codegen::GemmStaged::of(a.meta.data(), slot);
+        base = reinterpret_cast<void*>(staged[slot]);
+        strides[0] = uint64_t(s.pitch) * es, strides[1] = uint64_t(s.rows * s.pitch) * es;
+      }
+      unsigned box[3] = {unsigned(128 / es), k_major ? k_major_rows : unsigned(v.gemm.bk), 1}, unit[3] = {1, 1, 1};
+      int r = api.cuTensorMapEncodeTiled(&map, es == 4 ? cu::kTensorMapFloat32 : cu::kTensorMapUint16, 3, base, dims, strides, box,
+                                         unit, 0, cu::kTensorMapSwizzle128B, cu::kTensorMapL2Promotion128B, 0);
       if (r != cu::kSuccess)
         throw Error("kiln: cuTensorMapEncodeTiled of the " + std::string(slot ? "B" : "A") + " operand of a matmul (" +
                     std::to_string(dims[0]) + " x " + std::to_string(dims[1]) + " x " + std::to_string(dims[2]) + ", strides " +

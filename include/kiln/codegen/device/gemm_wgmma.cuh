@@ -135,3 +135,26 @@ KILN_FN void kiln_sk_take(float (&d)[N], const float* slot, unsigned* flag, int 
   }
   if (u == 0) *(volatile unsigned*)flag = 0;
 }
+
+// TF32 staging (GpuVariant::stage): one 32 x 32 tile of an operand whose rows r (its M or N)
+// are its contiguous dim, element (r, k) at src[r * sr + k * sk] for r < R, k < K, copied
+// K-major to dst[r * KP + k] through shared memory (both sides 128-byte runs), rounded to
+// nearest TF32; columns K .. KP - 1 of a row get zeros. 256 threads: 8 rows of 32.
+KILN_FN void kiln_stage_tile(const float* __restrict__ src, int64_t sr, int64_t sk, int64_t R, int64_t K, float* __restrict__ dst,
+                             int64_t KP, int64_t r0, int64_t k0) {
+  __shared__ float t[32][33];
+  const int x = threadIdx.x % 32, y = threadIdx.x / 32;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t k = k0 + y + 8 * i, r = r0 + x;
+    t[y + 8 * i][x] = k < K && r < R ? src[r * sr + k * sk] : 0.f;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t r = r0 + y + 8 * i, k = k0 + x;
+    uint32_t u;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(u) : "f"(t[x][y + 8 * i]));
+    if (r < R && k < KP) dst[r * KP + k] = __uint_as_float(u);
+  }
+}
