@@ -362,11 +362,16 @@ TEST_CASE("GPU dispatch: max-autotune times each GEMM candidate twice, each run 
   auto stored = tune::db().find(runtime::matmul_tune_key(g, cp->plan.kernels[0], cp->layouts[0], problem, "", "sm_80"));
   REQUIRE(stored);
   CHECK(stored->choice == runnable.front().str());
+  // The tuned plan ran as a graph (as torch.compile's max-autotune runs): built once.
+  CHECK(counters().graphs_built - c0.graphs_built == 1);
   int t1 = FakeGpuApi::timed;
   FakeGpuApi::compiled_ahead.clear();
-  backend.run(g, *cp, b);  // a database hit: nothing timed or compiled ahead
+  Counters c1 = counters();
+  backend.run(g, *cp, b);  // a database hit: nothing timed or compiled ahead; the graph replayed
   CHECK(FakeGpuApi::timed == t1);
   CHECK(FakeGpuApi::compiled_ahead.empty());
+  CHECK(counters().graphs_built == c1.graphs_built);
+  CHECK(counters().graph_replays - c1.graph_replays == 1);
 
   // A plan with a kernel besides the matmul: that kernel's program compiles with the candidates.
   auto w2 = host<bf16>(rng, Shape<2>{64, 512});  // another shape class: tuned afresh

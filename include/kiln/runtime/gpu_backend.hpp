@@ -722,7 +722,8 @@ class GpuBackend final : public Backend {
         bind_kernel(g, kernels[m], cp.layouts[m], b, call.args[m]);
       }
     if constexpr (!std::is_same_v<typename Api::Graph, NoGraph>)
-      if (cp.mode == Mode::reduce_overhead && !profiling() && Api::graphs()) return launch_graph(cp, call, *last.fns, last, dev);
+      if (graphs_in(cp.mode) && !profiling() && Api::graphs() && std::none_of(last.by_library.begin(), last.by_library.end(), [](uint8_t l) { return l; }))
+        return launch_graph(cp, call, *last.fns, last, dev);
     launch_kernels(g, cp, call, *last.fns, last.by_library, last.block, dev);
   }
 
@@ -776,6 +777,10 @@ class GpuBackend final : public Backend {
 
   struct LastCall;
   struct GraphState;
+  // The modes whose calls replay a graph of their launches: reduce-overhead, and max-autotune
+  // (as torch.compile's does) but where it gave a GEMM to the vendor library, which is no
+  // kernel of kiln's to make a node of.
+  static bool graphs_in(Mode m) { return m == Mode::reduce_overhead || m == Mode::max_autotune; }
   // Mode::reduce_overhead: the call's launches as one graph (Api::Graph). A call whose
   // launches are the graph's (the same kernels, launch shapes and shared memory) replays
   // it, once the nodes whose arguments changed are updated; otherwise the graph is built
