@@ -761,7 +761,7 @@ class GpuBackend final : public Backend {
       const codegen::GpuVariant& v = call.vars[k];
       TensorMaps maps;
       GpuLaunch staging;
-      GpuLaunch L = prepare_launch(dev, kernels[k], cp.layouts[k], call.args[k], v, block, maps, &staging);
+      GpuLaunch L = prepare_launch(dev, kernels[k], cp.layouts[k], call.args[k], v, block, maps, staging);
       KernelDescription describe{&g, &kernels[k]};
       if (v.stage) launch_one(*fns.stage[k], staging, block, maps, describe, dev);
       launch_one(fns.main[k], L, block, maps, describe, dev);
@@ -817,7 +817,7 @@ class GpuBackend final : public Backend {
       if (!call.launches(k)) continue;
       st.maps = TensorMaps{};  // compared whole: no stale bytes where a kernel has no maps
       GpuLaunch staging;
-      GpuLaunch L = prepare_launch(dev, kernels[k], cp.layouts[k], call.args[k], call.vars[k], st.block, st.maps, &staging);
+      GpuLaunch L = prepare_launch(dev, kernels[k], cp.layouts[k], call.args[k], call.vars[k], st.block, st.maps, staging);
       if (call.vars[k].stage) add(&*fns.stage[k], staging, TensorMaps{});
       add(&fns.main[k], L, st.maps);
     }
@@ -849,22 +849,18 @@ class GpuBackend final : public Backend {
   // GEMM's tensor maps into `maps`, and where it stages operands the staging kernel's shape
   // into `staging`.
   GpuLaunch prepare_launch(Device& dev, const sched::Kernel& kernel, const codegen::Layout& layout, const KernelArgs& args,
-                           const codegen::GpuVariant& v, std::vector<uint64_t>& block, TensorMaps& maps, GpuLaunch* staging = nullptr) {
+                           const codegen::GpuVariant& v, std::vector<uint64_t>& block, TensorMaps& maps, GpuLaunch& staging) {
     const auto& props = dev.properties();
     GpuLaunch L = gpu_launch_shape(kernel, args, v, props.sm_count, props.warp_size);
     uint64_t ws[codegen::kGpuSplitWords] = {}, st[codegen::kGpuStageWords] = {};
     if (v.workspace()) split_workspace(dev, gpu_workspace_words(kernel, v, L, props.warp_size), L.grid.x * L.grid.z, ws);
-    if (v.stage) {
-      if (staging == nullptr) throw Error("kiln: internal error: a GEMM that stages operands launched without its staging kernel");
-      stage_buffers(dev, args, v, st);
-      *staging = gpu_stage_launch(args, v);
-    }
+    if (v.stage) stage_buffers(dev, args, v, st), staging = gpu_stage_launch(args, v);
     gpu_arg_block(layout, args, v, ws, st, block);
     if (v.gemm.kind == codegen::GemmKind::wgmma) Api::tensor_maps(args, v, st, maps);
     return L;
   }
 
-  // Mode::reduce_overhead: each node of a graph as last built or updated (its argument
+  // A graph's mode (graphs_in): each node of a graph as last built or updated (its argument
   // block and tensor maps, which the next call's are compared with), and the graph.
   struct GraphNode {
     const Function* fn = nullptr;  // into cache_ (never erased)
@@ -895,7 +891,7 @@ class GpuBackend final : public Backend {
     const Loaded* fns = nullptr;  // into cache_ (never erased)
     bool reusable = false;  // a next call with the same inputs may take vars and fns as they are
     std::vector<uint64_t> block;
-    std::unique_ptr<GraphState> graph;  // Mode::reduce_overhead's
+    std::unique_ptr<GraphState> graph;  // the graph of a mode that replays one (graphs_in)
   };
   // This thread's entry for (this backend, plan, device): a few plans' worth, by address.
   LastCall& last_call(const CompiledPlan& cp, int ordinal) {
@@ -1038,7 +1034,7 @@ class GpuBackend final : public Backend {
         std::vector<uint64_t> block;
         TensorMaps maps;
         GpuLaunch staging;
-        GpuLaunch L = prepare_launch(dev, kernels[k], cp.layouts[k], call.args[k], v, block, maps, &staging);
+        GpuLaunch L = prepare_launch(dev, kernels[k], cp.layouts[k], call.args[k], v, block, maps, staging);
         KernelDescription describe{&g, &kernels[k]};
         return time_us(dev, [&] {  // a staging kernel is part of its config's time
           if (stage) launch_one(*stage, staging, block, maps, describe, dev);
