@@ -13,7 +13,7 @@
 // overhead and W7);
 // KILN_BENCH_ROW=W2 (W1, W3, x*w+b, W8, split, "2 dims") one row.
 // KILN_BENCH_GEMM_SWEEP=1 also times bf16 8192^3 and the W4 step with each GEMM config forced;
-// KILN_BENCH_ONLY=small (or prologue) those rows alone, KILN_BENCH_GEMM_SMALL_SWEEP=1 each SIMT config forced.
+// KILN_BENCH_ONLY=small (or prologue, tf32) those rows alone, KILN_BENCH_GEMM_SMALL_SWEEP=1 each SIMT config forced.
 #include <kiln/kiln.hpp>
 #include <kiln/runtime/cuda_backend.hpp>
 
@@ -310,6 +310,32 @@ static void small_gemm_benches() {
   }
 }
 
+// TF32 allowed (torch.backends.cuda.matmul.allow_tf32 = True beside it): the heuristic's
+// config, the operands row-major and B read transposed, then every TF32 candidate.
+static void tf32_gemm_benches() {
+  Tensor<f32, 2> a = randn<f32>(Shape<2>{4096, 4096}, 28), b = randn<f32>(Shape<2>{4096, 4096}, 29);
+  set_allow_tf32(true);
+  bench_gemm("f32 4096^3 TF32", a, b, picked_config(a, b));
+  Tensor<f32, 2> bt = randn<f32>(Shape<2>{4096, 4096}, 30);
+  bench_gemm("f32 4096^3 TF32 a@b.t()", a, bt.transpose(0, 1), picked_config(a, bt.transpose(0, 1)));
+  Tensor<f32, 2> a8 = randn<f32>(Shape<2>{8192, 8192}, 31), b8 = randn<f32>(Shape<2>{8192, 8192}, 32);
+  bench_gemm("f32 8192^3 TF32", a8, b8, picked_config(a8, b8));
+  bench_candidates("f32 4096^3 TF32", a, b);
+  set_allow_tf32(false);
+}
+
+// f32 GEMMs: the SIMT path (PyTorch's default fp32 matmul is not TF32), then TF32.
+static void f32_gemm_benches() {
+  {
+    Tensor<f32, 2> a = randn<f32>(Shape<2>{4096, 4096}, 28), b = randn<f32>(Shape<2>{4096, 4096}, 29);
+    bench_gemm("f32 4096^3", a, b, picked_config(a, b));
+    using K = codegen::GemmKind;  // probes: a longer K step; 128 threads a block (three blocks an SM)
+    bench_candidates("f32 4096^3", a, b, {{K::simt, 128, 128, 16, 8, 8, 1}, {K::simt, 128, 64, 8, 8, 8, 1}, {K::simt, 64, 128, 8, 8, 8, 1},
+                                          {K::simt, 128, 64, 16, 8, 8, 1}});
+  }
+  tf32_gemm_benches();
+}
+
 static void gemm_benches() {
   auto rnd = [](int64_t r, int64_t c, uint64_t seed) { return Tensor<bf16, 2>(cast<bf16>(randn<f32>(Shape<2>{r, c}, seed))); };
   {
@@ -385,23 +411,7 @@ static void gemm_benches() {
     reduction("sum(dh, 0) [8192,16384] (db1)", time_ms([&] { Tensor<bf16, 1> o = sum(h, 0); }, 20), 8192.0 * 16384 * 2);
     reduction("sum(dy, 0) [8192,4096] (db2)", time_ms([&] { Tensor<bf16, 1> o = sum(dy, 0); }, 20), 8192.0 * 4096 * 2);
   }
-  {  // the SIMT path: f32 (PyTorch's default fp32 matmul is not TF32)
-    Tensor<f32, 2> a = randn<f32>(Shape<2>{4096, 4096}, 28), b = randn<f32>(Shape<2>{4096, 4096}, 29);
-    bench_gemm("f32 4096^3", a, b, picked_config(a, b));
-    using K = codegen::GemmKind;  // probes: a longer K step; 128 threads a block (three blocks an SM)
-    bench_candidates("f32 4096^3", a, b, {{K::simt, 128, 128, 16, 8, 8, 1}, {K::simt, 128, 64, 8, 8, 8, 1}, {K::simt, 64, 128, 8, 8, 8, 1},
-                                          {K::simt, 128, 64, 16, 8, 8, 1}});
-    // TF32 allowed (torch.backends.cuda.matmul.allow_tf32 = True beside it): the heuristic's
-    // config, the operands row-major and B read transposed, then every TF32 candidate.
-    set_allow_tf32(true);
-    bench_gemm("f32 4096^3 TF32", a, b, picked_config(a, b));
-    Tensor<f32, 2> bt = randn<f32>(Shape<2>{4096, 4096}, 30);
-    bench_gemm("f32 4096^3 TF32 a@b.t()", a, bt.transpose(0, 1), picked_config(a, bt.transpose(0, 1)));
-    Tensor<f32, 2> a8 = randn<f32>(Shape<2>{8192, 8192}, 31), b8 = randn<f32>(Shape<2>{8192, 8192}, 32);
-    bench_gemm("f32 8192^3 TF32", a8, b8, picked_config(a8, b8));
-    bench_candidates("f32 4096^3 TF32", a, b);
-    set_allow_tf32(false);
-  }
+  f32_gemm_benches();
   small_gemm_benches();
   prologue_benches();
 }
@@ -613,6 +623,7 @@ int main(int argc, char** argv) {
   if (all || std::string(only) == "gemm") gemm_benches();
   if (!all && std::string(only) == "prologue") prologue_benches();  // KILN_BENCH_ONLY=prologue: those rows alone
   if (!all && std::string(only) == "small") small_gemm_benches();    // KILN_BENCH_ONLY=small: f32 GEMMs of few tiles
+  if (!all && std::string(only) == "tf32") tf32_gemm_benches();     // KILN_BENCH_ONLY=tf32: the TF32 rows alone
   // KILN_BENCH_ONLY=w4: the W4 training step alone.
   std::string w4_only = !all && std::string(only) == "w4" ? w4_step_bench() : "";
   // KILN_BENCH_ONLY=rows: the copy ceiling and the memory-bound rows (W1, W2, W3, W8, split rows, the W4
