@@ -215,7 +215,10 @@ inline std::vector<GemmConfig> gemm_candidates(DType d, int arch, bool tf32 = fa
   // docs/benchmarks.md, sixteenth session) 128x128x32 s3 ran at 156 TFLOP/s, 128x128x16 s4 at
   // 145, 128x256x32 s3 at 141, the rest 107-122; 128x128x32 s4 (143 KB: one block an SM) at 60.
   // TF32 on sm_90: wgmma first, as bf16's below with K steps of 32 (the same 128 bytes; an
-  // operand that is not K-major is copied K-major before the GEMM: GpuVariant::stage).
+  // operand that is not K-major is copied K-major before the GEMM: GpuVariant::stage). NOTE:
+  // on an H200 (f32 4096^3, B staged, each forced; docs/benchmarks.md, twenty-first session)
+  // 128x256 s4 persistent ran at 364 TFLOP/s, s4 362, s3 349, 128x192 322, 128x128 s6
+  // persistent 320, s6 308; mma.sync's best 156. cuBLAS: 381-391.
   std::vector<GemmConfig> tf32_hopper;
   if (d == DType::f32 && gemm_has_wgmma(d, arch, tf32))
     tf32_hopper = {{K::wgmma, 128, 256, 32, 64, 256, 4, true}, {K::wgmma, 128, 128, 32, 64, 128, 6},
