@@ -392,6 +392,44 @@ TEST_CASE("GPU dispatch: max-autotune times each GEMM candidate twice, each run 
       CHECK(std::find(ahead.begin(), ahead.end(), part.source) != ahead.end());
 }
 
+TEST_CASE("GPU dispatch: max-autotune's tuned calls replay a graph, but where a GEMM went to the vendor library") {
+  ScratchCache cache;  // an empty tuning database: the first call of each plan tunes
+  KILN_TEST_RNG(rng);
+  FakeGpuBackend backend;
+  auto a = host<bf16>(rng, Shape<2>{256, 64}), w = host<bf16>(rng, Shape<2>{64, 128});
+  FakeGpuDevice& dev = FakeGpuApi::device(0);
+  struct Sm80 {  // as in the test above: the candidates of an sm_80
+    FakeGpuDevice& d;
+    explicit Sm80(FakeGpuDevice& dev) : d(dev) { d.props.cc_major = 8; }
+    ~Sm80() { d.props.cc_major = 9, FakeGpuApi::library = false; }
+  } sm80(dev);
+  auto calls = [&](const auto& e) {
+    ir::Graph g = ir::trace(e);
+    auto cp = runtime::plan_for(g, Mode::max_autotune);
+    runtime::Bound b = runtime::bind_buffers(g, cp->plan);
+    Counters c0 = counters();
+    for (int i = 0; i < 3; ++i) backend.run(g, *cp, b);
+    Counters c1 = counters();
+    return std::array<uint64_t, 4>{c1.tunings - c0.tunings, c1.graphs_built - c0.graphs_built, c1.graph_replays - c0.graph_replays,
+                                   c1.kernels_launched - c0.kernels_launched};
+  };
+  // kiln's kernels: tuned once, then the tuned plan built into a graph and replayed.
+  auto [tunings, built, replays, launched] = calls(matmul(a, w));
+  CHECK(tunings == 1);
+  CHECK(built == 1);
+  CHECK(replays == 3);
+  // The vendor library offered, and faster: its GEMM is no kernel node, so each call launches
+  // kernel by kernel (the library's call among them), no graph.
+  FakeGpuApi::library = true;
+  auto w2 = host<bf16>(rng, Shape<2>{64, 512});  // another shape class: tuned afresh
+  auto [lib_tunings, lib_built, lib_replays, lib_launched] = calls(matmul(a, w2));
+  CHECK(lib_tunings == 1);
+  CHECK(lib_built == 0);
+  CHECK(lib_replays == 0);
+  CHECK(lib_launched >= 3);  // each call's library GEMM (and the tuning's plan run)
+  (void)launched;
+}
+
 TEST_CASE("GPU dispatch, reduce-overhead: one graph, replayed; nodes updated for new buffers; rebuilt for new launch shapes") {
   KILN_TEST_RNG(rng);
   FakeGpuBackend backend;
