@@ -95,6 +95,14 @@ Dispatch dispatch_in(Mode mode, FakeGpuBackend& backend, int ordinal, const Es&.
   }
   return {dev.modules.size() - loads, want.vars, cp.get()};
 }
+// For a max-autotune test: device 0 as an sm_80 (a short list of candidates, all mma.sync), and
+// no vendor GEMM offered, until the test ends.
+struct Sm80 {
+  FakeGpuDevice& d;
+  explicit Sm80(FakeGpuDevice& dev) : d(dev) { d.props.cc_major = 8; }
+  ~Sm80() { d.props.cc_major = 9, FakeGpuApi::library = false; }
+};
+
 template <class... Es>
 Dispatch dispatch(FakeGpuBackend& backend, int ordinal, const Es&... es) {
   return dispatch_in(Mode::fused, backend, ordinal, es...);
@@ -330,12 +338,7 @@ TEST_CASE("GPU dispatch: max-autotune times each GEMM candidate twice, each run 
   auto cp = runtime::plan_for(g, Mode::max_autotune);
   runtime::Bound b = runtime::bind_buffers(g, cp->plan);
   FakeGpuDevice& dev = FakeGpuApi::device(0);
-  // An sm_80 device: the fake has no copy engine (no tensor maps) for sm_90's wgmma candidates.
-  struct Sm80 {
-    FakeGpuDevice& d;
-    explicit Sm80(FakeGpuDevice& dev) : d(dev) { d.props.cc_major = 8; }
-    ~Sm80() { d.props.cc_major = 9; }
-  } sm80(dev);
+  Sm80 sm80(dev);
   const auto& p = dev.props;
   runtime::GpuCall call = runtime::gpu_call(g, *cp, b, p.warp_size, p.cc_major * 10 + p.cc_minor, p.sm_count);
   codegen::GemmProblem problem = runtime::gemm_problem(g, cp->plan.kernels[0], call.args[0], p.cc_major * 10 + p.cc_minor, p.sm_count);
@@ -398,11 +401,7 @@ TEST_CASE("GPU dispatch: max-autotune's tuned calls replay a graph, but where a 
   FakeGpuBackend backend;
   auto a = host<bf16>(rng, Shape<2>{256, 64}), w = host<bf16>(rng, Shape<2>{64, 128});
   FakeGpuDevice& dev = FakeGpuApi::device(0);
-  struct Sm80 {  // as in the test above: the candidates of an sm_80
-    FakeGpuDevice& d;
-    explicit Sm80(FakeGpuDevice& dev) : d(dev) { d.props.cc_major = 8; }
-    ~Sm80() { d.props.cc_major = 9, FakeGpuApi::library = false; }
-  } sm80(dev);
+  Sm80 sm80(dev);
   auto calls = [&](const auto& e) {
     ir::Graph g = ir::trace(e);
     auto cp = runtime::plan_for(g, Mode::max_autotune);

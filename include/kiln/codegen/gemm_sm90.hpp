@@ -77,7 +77,7 @@ class WgmmaWriter {
     std::string s = w_.head(prelude);
     s += "  constexpr int STAGES = " + S(c_.stages) + ", CONSUMERS = BM / WM;\n";
     // E: an element's bytes (a K step, BK of them, is one 128-byte swizzle row); KS: the K of one wgmma.
-    s += "  constexpr uint32_t E = " + S(elem()) + ", A_STAGE = BM * BK * E, B_STAGE = BN * BK * E;\n  constexpr int KS = 32 / E;\n";
+    s += "  constexpr uint32_t E = " + S(int(info(d_).bytes)) + ", A_STAGE = BM * BK * E, B_STAGE = BN * BK * E;\n  constexpr int KS = 32 / E;\n";
     s += "  extern __shared__ __align__(128) unsigned char kiln_smem[];\n";
     s += "  const uint32_t sA = (kiln_smem_addr(kiln_smem) + 1023u) & ~1023u, sB = sA + STAGES * A_STAGE;\n";
     s += "  const uint32_t full0 = sB + STAGES * B_STAGE, empty0 = full0 + STAGES * 8;\n";
@@ -202,9 +202,6 @@ class WgmmaWriter {
     if (c_.cluster == 1) return "kiln_mbar_arrive(" + bar + ");";
     return "{ const uint32_t e = " + bar + "; for (uint32_t r = 0; r < CL; ++r) kiln_mbar_arrive_cluster(e, r); }";
   }
-
-  // An operand element's bytes: 4 for TF32 (f32 elements), else 2.
-  int elem() const { return d_ == DType::f32 ? 4 : 2; }
 
   // wgmma.mma_async m64n<BN>k16 (TF32: k8), f32 += A * B, both operands by descriptor;
   // imm-trans is 1 for an M-major A or an N-major B. TF32 has no imm-trans: both operands are
