@@ -486,6 +486,21 @@ static std::string w4_step_bench() {
     compare({"in whole tiles", "with stream-K"}, [](codegen::GemmConfig& c, size_t i) { c.stream_k = i == 1; });
   if (std::getenv("KILN_BENCH_GEMM_CLUSTER"))  // the persistent GEMMs alone, and in clusters of two sharing B's loads
     compare({"one block each", "in clusters of 2"}, [](codegen::GemmConfig& c, size_t i) { c.cluster = i == 1 && c.persistent ? 2 : 1; });
+  if (std::getenv("KILN_BENCH_EPILOGUE_AB")) {  // the step with its GEMMs' epilogues fused, and as kernels of their own
+    for (int r = 0; r < 3; ++r)
+      for (bool on : {true, false}) {
+        set_epilogue_fusion(on);
+        auto o = run(Mode::fused, st);
+        double err = w4::rel_err(std::get<2>(o), std::get<2>(ref));  // dW1: every kernel of the step is upstream of it
+        double loop = loop_ms([&] { auto o = run(Mode::fused, st); }, 100), flushed = time_ms([&] { auto o = run(Mode::fused, st); }, 10);
+        double anchor = anchor_ms([&] { auto o = run(Mode::fused, st); });
+        size_t k = std::apply([](const auto&... x) { return kernel_count(Mode::fused, x...); }, st);
+        std::printf("W4 fused, round %d, epilogues %-8s (%2zu kernels) back to back %8.3f ms, flushed %8.3f ms, as torch_anchor.py times %8.3f ms; dW1 rel. err %.1e\n",
+                    r, on ? "fused" : "apart", k, loop, flushed, anchor, err);
+        std::fflush(stdout);
+      }
+    set_epilogue_fusion(true);
+  }
   double worst = std::max({e_loss, e[0], e[1], e[2], e[3], e[4]});
   // max-autotune from cold: a fresh cache directory (no tuning database, no compiled candidate
   // on disk); the first call tunes every matmul and compiles; then the tuned step's time.

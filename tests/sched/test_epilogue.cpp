@@ -9,6 +9,8 @@
 // fused and eager. Consumers that must not join (a reduction of the matmul, a
 // transposed view of it, one that would make the kernel graph cyclic) stay
 // separate and correct.
+#include <numbers>
+
 #include "../support/reference.hpp"
 
 using namespace kiln;
@@ -51,6 +53,44 @@ TEST_CASE("epilogue: gelu(x @ W1 + b1) is one kernel and one launch; the matmul 
   check_close(zo, pre, tol<f32>().scaled(2), "pre-activation", &bound);
   check_close(go, ref::map(pre, ref::gelu), tol<f32>().scaled(2), "gelu(pre-activation)", &bound);
   MESSAGE("plan of gelu(x @ W1 + b1):\n" << plan);
+}
+
+TEST_CASE("epilogue fusion switched off: the consumers are kernels of their own, the same numbers; on again, one kernel") {
+  KILN_TEST_RNG(rng);
+  auto x = input<f32, 2>(rng, {37, 19}), w = input<f32, 2>(rng, {19, 300});
+  auto b = input<f32, 1>(rng, {300});
+  auto y = kiln::gelu(kiln::matmul(x.t, w.t) + b.t);
+  Array scale;
+  Array pre = ref::zip(ref::matmul(x.a, w.a, &scale), b.a, [](double p, double q) { return p + q; });
+  Array bound = abs_sum(scale, b.a);
+  struct Restore {
+    ~Restore() { set_epilogue_fusion(true); }
+  } restore;
+  for (bool on : {true, false, true}) {
+    CAPTURE(on);
+    set_epilogue_fusion(on);
+    CHECK(epilogue_fusion() == on);
+    std::string plan = explain(Mode::fused, y);
+    CHECK(kernel_count(Mode::fused, y) == (on ? 1u : 2u));
+    CHECK(occurrences(plan, ":matmul") == (on ? 0 : 1));  // apart, the GEMM stores x @ W1 for gelu's kernel
+    Counters before = counters();
+    Tensor<f32, 2> out = y;
+    CHECK(counters().kernels_launched - before.kernels_launched == (on ? 1u : 2u));
+    check_close(out, ref::map(pre, ref::gelu), tol<f32>().scaled(2), "gelu(x @ W1 + b1)", &bound);
+    // a training step apart: its backward's gelu' is a kernel too, and the gradients agree
+    auto loss = kiln::sum(y * y);
+    auto [gw] = kiln::grad(loss, w.t);
+    Tensor<f32, 2> g = gw;
+    Array dpre = ref::zip(ref::map(pre, ref::gelu), pre, [](double h, double p) {
+      double d = 0.5 * (1 + std::erf(p / std::sqrt(2.0))) + p * std::exp(-p * p / 2) / std::sqrt(2 * std::numbers::pi);
+      return 2 * h * d;
+    });
+    // the magnitude: |x|^T (|dpre| + pre's own error, scaled by how fast gelu' moves)
+    Array mag = ref::zip3(dpre, bound, pre, [](double d, double s, double p) { return std::fabs(d) + 0.1 * s * (1 + std::fabs(p)); });
+    Array xabs = ref::map(ref::transpose(x.a, 0, 1), [](double v) { return std::fabs(v); });
+    Array gref = ref::matmul(ref::transpose(x.a, 0, 1), dpre), gbound = ref::matmul(xabs, mag);
+    check_close(g, gref, tol<f32>().scaled(8), "d sum(gelu(x @ W1 + b1)^2) / dW1", &gbound);
+  }
 }
 
 TEST_CASE_TEMPLATE("epilogue shapes against the float64 reference, fused and eager", DT, f32, f64, f16, bf16, i32, i64) {

@@ -18,7 +18,7 @@
 //         mma.sync m16n8k16 with f32 accumulators. Needs each operand contiguous
 //         along one of its two matrix dims and 16-byte aligned rows (the host
 //         checks; else simt). Ranges past M, N or K are zero-filled by the copies.
-//         f32 where TF32 is allowed (core/precision.hpp): the same pipeline,
+//         f32 where TF32 is allowed (core/options.hpp): the same pipeline,
 //         mma.sync m16n8k8 tf32, each fragment element rounded to TF32 (cvt.rna);
 //         K-major tiles read by ldmatrix (a 32-bit element is two b16 columns),
 //         M- and N-major ones by 32-bit loads from rows padded by 32 bytes.

@@ -24,7 +24,7 @@
 #include <string>
 #include <unordered_map>
 
-#include "kiln/core/precision.hpp"
+#include "kiln/core/options.hpp"
 #include "kiln/jit/nvrtc.hpp"
 #include "kiln/runtime/bind.hpp"
 #include "kiln/runtime/cuda_runtime.hpp"

@@ -150,11 +150,12 @@ inline Backend& backend_for(Device d) {
 KILN_ENGINE_API std::shared_ptr<CompiledPlan> plan_for(const ir::Graph& g, Mode mode) {
   static std::mutex mu;
   static std::unordered_map<Hash128, std::shared_ptr<CompiledPlan>, Hash128Hasher> plans;
-  Hash128 key = Hasher().add(g.signature).add(mode).digest();
+  const uint8_t options = plan_options();
+  Hash128 key = Hasher().add(g.signature).add(mode).add(options).digest();
   std::lock_guard lock(mu);
   if (auto it = plans.find(key); it != plans.end()) return it->second;
   auto cp = std::make_shared<CompiledPlan>();
-  cp->plan = sched::schedule(g, mode != Mode::eager);
+  cp->plan = sched::schedule(g, mode != Mode::eager, options == 0);
   cp->mode = mode;
   kiln::detail::counters_state().plans_built.fetch_add(1, std::memory_order_relaxed);
   for (auto& k : cp->plan.kernels) cp->layouts.push_back(codegen::layout(g, k));

@@ -22,7 +22,7 @@
 #include <tuple>
 #include <vector>
 
-#include "kiln/core/precision.hpp"
+#include "kiln/core/options.hpp"
 #include "kiln/ir/graph.hpp"
 #include "kiln/runtime/bound.hpp"
 #include "kiln/runtime/counters.hpp"
@@ -83,14 +83,15 @@ KILN_ENGINE_API void link_engine();
 class PlanSlot {
  public:
   CompiledPlan& get(const ir::Graph& g, Mode mode) {
+    const uint8_t options = plan_options();
     size_t n = used_.load(std::memory_order_acquire);
     for (size_t i = 0; i < n; ++i)
-      if (entries_[i].signature == g.signature && entries_[i].mode == mode) return *entries_[i].plan;
+      if (entries_[i].signature == g.signature && entries_[i].mode == mode && entries_[i].options == options) return *entries_[i].plan;
     std::shared_ptr<CompiledPlan> cp = plan_for(g, mode);
     std::lock_guard lock(mu_);
     n = used_.load(std::memory_order_relaxed);
     if (n < kWays) {
-      entries_[n] = {g.signature, mode, cp};
+      entries_[n] = {g.signature, mode, options, cp};
       used_.store(n + 1, std::memory_order_release);
     }
     return *cp;  // NOTE: plan_for's map keeps every plan alive for the process
@@ -101,6 +102,7 @@ class PlanSlot {
   struct Entry {
     Hash128 signature;
     Mode mode = Mode::fused;
+    uint8_t options = 0;  // kiln::plan_options() when the plan was built
     std::shared_ptr<CompiledPlan> plan;
   };
   Entry entries_[kWays];

@@ -45,7 +45,7 @@
 
 #include "kiln/codegen/gpu.hpp"
 #include "kiln/core/log.hpp"
-#include "kiln/core/precision.hpp"
+#include "kiln/core/options.hpp"
 #include "kiln/runtime/eval.hpp"
 #include "kiln/tune/db.hpp"
 

@@ -18,7 +18,8 @@
 // - a pointwise output whose shape is a matmul's output shape and that reads the
 //   matmul joins its kernel as the epilogue, computed per output element at store
 //   time (bias, activation, residual, scale, cast: gelu(x@W + b) is one kernel);
-//   the matmul itself is stored only if another kernel or the caller reads it;
+//   the matmul itself is stored only if another kernel or the caller reads it
+//   (kiln::set_epilogue_fusion(false): never; such outputs get kernels of their own);
 // - a matmul operand that is a pointwise function of one tensor of its shape and of
 //   scalars (x * s, a cast), read by nothing else, is the matmul's prologue: the GEMM
 //   may compute it per element as it loads it, from that tensor. Its own kernel stays in
@@ -171,7 +172,7 @@ inline SymShapes symbolic_shapes(const ir::Graph& g) {
 
 class Scheduler {
  public:
-  Scheduler(const ir::Graph& g, bool fuse) : g_(g), fuse_(fuse), sym_(symbolic_shapes(g)) {
+  Scheduler(const ir::Graph& g, bool fuse, bool epilogues) : g_(g), fuse_(fuse), epilogues_(epilogues), sym_(symbolic_shapes(g)) {
     size_t n = g.nodes.size();
     plan_.materialize.assign(n, 0);
     plan_.prologue_operand.assign(n, 0);
@@ -401,7 +402,7 @@ class Scheduler {
           // it must actually use one of this kernel's reductions
           fits = (same_shape(id, K.domain) || same_shape(id, K.domain, K.axes)) && uses_kernel(id, k);
         } else if (K.kind == KernelKind::matmul) {
-          fits = same_shape(id, K.domain) && uses_kernel(id, k);  // an epilogue of the matmul
+          fits = epilogues_ && same_shape(id, K.domain) && uses_kernel(id, k);  // an epilogue of the matmul
         } else if (K.kind == KernelKind::pointwise && K.stores[0].into == StoreInto::whole &&
                    node(K.stores[0].buffer).op != Prim::pad) {
           fits = same_shape(id, K.domain);
@@ -601,7 +602,7 @@ class Scheduler {
   }
 
   const ir::Graph& g_;
-  bool fuse_;
+  bool fuse_, epilogues_;
   detail::SymShapes sym_;
   Plan plan_;
   std::vector<std::vector<int>> producers_;
@@ -614,7 +615,8 @@ class Scheduler {
 }  // namespace detail
 
 // fuse=false is eager mode: one kernel per primitive, through the same JIT and cache.
-inline Plan schedule(const ir::Graph& g, bool fuse) { return detail::Scheduler(g, fuse).run(); }
+// fuse: false for eager mode (a kernel per op); epilogues: kiln::epilogue_fusion().
+inline Plan schedule(const ir::Graph& g, bool fuse, bool epilogues = true) { return detail::Scheduler(g, fuse, epilogues).run(); }
 
 inline std::string Plan::describe(const ir::Graph& g) const {
   std::string s;

@@ -1,0 +1,51 @@
+// kiln — header-only C++20 tensor compiler.
+// SPDX-License-Identifier: Apache-2.0
+//
+// Switches a program may flip at run time, each also read from the environment at the
+// first use (Inductor's config.*, PyTorch's torch.backends flags).
+//   allow_tf32       f32 matmuls may trade precision for speed: on NVIDIA GPUs of sm_80
+//                    and later, TF32 tensor cores (inputs rounded to 10 mantissa bits, to
+//                    nearest; products summed in f32) instead of f32 arithmetic. Off by
+//                    default, as PyTorch's torch.backends.cuda.matmul.allow_tf32;
+//                    KILN_ALLOW_TF32=1. It decides each call's GEMM kernel (and cuBLASLt's
+//                    compute type in max-autotune), not the plan: a flip takes effect on the
+//                    next call. The CPU and HIP backends compute f32 matmuls in f32 either way.
+//   epilogue_fusion  a matmul's pointwise consumers of its shape join its GEMM as the
+//                    epilogue (on by default; KILN_EPILOGUE_FUSION=0). Off, they are kernels
+//                    of their own: a diagnostic, and the baseline fused epilogues are
+//                    measured against. Part of each plan's key (plan_options): a call after a
+//                    flip gets the plan of the new setting, built once and cached beside the other.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <string_view>
+
+namespace kiln {
+
+namespace detail {
+// A switch's initial value: the variable's, where it is set and not empty ("0" is off).
+inline bool env_switch(const char* name, bool otherwise) {
+  const char* v = std::getenv(name);
+  return v == nullptr || *v == '\0' ? otherwise : std::string_view(v) != "0";
+}
+inline std::atomic<bool>& allow_tf32_flag() {
+  static std::atomic<bool> on{env_switch("KILN_ALLOW_TF32", false)};
+  return on;
+}
+inline std::atomic<bool>& epilogue_fusion_flag() {
+  static std::atomic<bool> on{env_switch("KILN_EPILOGUE_FUSION", true)};
+  return on;
+}
+}  // namespace detail
+
+inline bool allow_tf32() { return detail::allow_tf32_flag().load(std::memory_order_relaxed); }
+inline void set_allow_tf32(bool on) { detail::allow_tf32_flag().store(on, std::memory_order_relaxed); }
+
+inline bool epilogue_fusion() { return detail::epilogue_fusion_flag().load(std::memory_order_relaxed); }
+inline void set_epilogue_fusion(bool on) { detail::epilogue_fusion_flag().store(on, std::memory_order_relaxed); }
+
+// The switches that decide a plan, as one word for plans' keys.
+inline uint8_t plan_options() { return epilogue_fusion() ? 0 : 1; }
+
+}  // namespace kiln
