@@ -280,7 +280,7 @@ TEST_CASE("GPU dispatch: many plans, other threads and a new backend each get th
   auto x = host(rng, Shape<1>{1000});
   {
     FakeGpuBackend backend;
-    // More plans than a thread keeps last calls of, twice over: evicted entries start again.
+    // More plans than a thread's table of recent calls has slots: colliding plans keep their own.
     auto run_all = [&] {
       size_t loads = 0;
       loads += dispatch(backend, 0, x + 1.0f).loads;
@@ -473,6 +473,27 @@ TEST_CASE("GPU dispatch, reduce-overhead: one graph, replayed; nodes updated for
   dispatch(backend, 0, y, s);
   CHECK(counters().graph_replays == c4.graph_replays);
   CHECK(first.plan != nullptr);
+}
+
+TEST_CASE("GPU dispatch, reduce-overhead: many plans called in turn each keep their graph, replayed; none rebuilt") {
+  KILN_TEST_RNG(rng);
+  FakeGpuBackend backend;
+  auto x = host(rng, Shape<1>{1000});
+  // Sixteen plans, twice the recent-calls table of a thread: slots collide, entries must not.
+  auto run_all = [&] {
+    auto run = [&](const auto& e) { dispatch_in(Mode::reduce_overhead, backend, 0, e); };
+    run(x + 1.0f), run(x * 2.0f), run(exp(x)), run(log(x * x + 1.0f)), run(sqrt(x * x)), run(x - 3.0f), run(sin(x)), run(cos(x));
+    run(tanh(x)), run(sigmoid(x)), run(abs(x)), run(relu(x)), run(x * x), run(exp(x) + 1.0f), run(sin(x) * 2.0f), run(-x);
+  };
+  auto c0 = counters();
+  run_all();
+  auto c1 = counters();
+  CHECK(c1.graphs_built - c0.graphs_built == 16);
+  for (int i = 0; i < 3; ++i) run_all();  // dispatch_in checks every replay's launches
+  auto c2 = counters();
+  CHECK(c2.graphs_built == c1.graphs_built);
+  CHECK(c2.graph_replays - c1.graph_replays == 3 * 16);
+  CHECK(c2.graph_updates == c1.graph_updates);
 }
 
 TEST_CASE("GPU dispatch, reduce-overhead: a graph the driver fails to build is an error; the next call builds it and runs right") {

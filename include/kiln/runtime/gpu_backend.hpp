@@ -893,17 +893,29 @@ class GpuBackend final : public Backend {
     std::vector<uint64_t> block;
     std::unique_ptr<GraphState> graph;  // the graph of a mode that replays one (graphs_in)
   };
-  // This thread's entry for (this backend, plan, device): a few plans' worth, by address.
+  // This thread's entry for (this backend, plan, device). Never evicted (plans live as long as
+  // the process), so any number of plans keep their variants and graphs; a direct-mapped table
+  // of the recent entries in front of the map makes a hit two compares.
   LastCall& last_call(const CompiledPlan& cp, int ordinal) {
-    thread_local std::array<LastCall, 8> calls;  // NOTE: h >> 61 picks one of 8
-    uint64_t h = (uint64_t(reinterpret_cast<uintptr_t>(&cp)) + uint64_t(ordinal)) * 0x9E3779B97F4A7C15ull;  // Fibonacci hashing
-    LastCall& c = calls[size_t(h >> 61)];
-    if (c.backend != serial_ || c.plan != &cp || c.ordinal != ordinal) {
-      c.backend = serial_, c.plan = &cp, c.ordinal = ordinal;
-      c.reusable = false;
-      c.graph.reset();
-    }
-    return c;
+    struct Key {
+      uint64_t backend;
+      const CompiledPlan* plan;
+      int ordinal;
+      bool operator==(const Key&) const = default;
+    };
+    struct KeyHash {
+      size_t operator()(const Key& k) const { return size_t(mix(k.backend, k.plan, k.ordinal)); }
+    };
+    thread_local std::unordered_map<Key, LastCall, KeyHash> calls;  // NOTE: nodes never move
+    thread_local std::array<LastCall*, 8> recent{};
+    LastCall*& slot = recent[size_t(mix(serial_, &cp, ordinal) >> 61)];
+    if (slot && slot->backend == serial_ && slot->plan == &cp && slot->ordinal == ordinal) return *slot;
+    LastCall& c = calls[Key{serial_, &cp, ordinal}];
+    c.backend = serial_, c.plan = &cp, c.ordinal = ordinal;
+    return *(slot = &c);
+  }
+  static uint64_t mix(uint64_t backend, const CompiledPlan* cp, int ordinal) {  // Fibonacci hashing
+    return (uint64_t(reinterpret_cast<uintptr_t>(cp)) + uint64_t(ordinal) + (backend << 40)) * 0x9E3779B97F4A7C15ull;
   }
   static uint64_t next_serial() {
     static std::atomic<uint64_t> n{0};
