@@ -500,6 +500,14 @@ static std::string w4_step_bench() {
         std::fflush(stdout);
       }
     set_epilogue_fusion(true);
+    // The step's six GEMMs alone, plain, back to back (bench/torch_w4_gemms.py: cuBLAS's the same way):
+    // what the GEMMs take at the clock the power limit holds, without the step's epilogues and sums.
+    Tensor<bf16, 2> h = cast<bf16>(randn<f32>(Shape<2>{s.M, s.H}, 41)), dy = cast<bf16>(randn<f32>(Shape<2>{s.M, s.K}, 42));
+    auto six = [&] {
+      Tensor<bf16, 2> a = matmul(p.x, p.W1), b = matmul(h, p.W2), c = matmul(dy, p.W2.transpose(0, 1)),
+                      d = matmul(h.transpose(0, 1), dy), e = matmul(h, p.W1.transpose(0, 1)), f = matmul(p.x.transpose(0, 1), h);
+    };
+    for (int r = 0; r < 3; ++r) std::printf("W4's six GEMMs, plain, round %d: back to back %8.3f ms\n", r, loop_ms(six, 100));
   }
   double worst = std::max({e_loss, e[0], e[1], e[2], e[3], e[4]});
   // max-autotune from cold: a fresh cache directory (no tuning database, no compiled candidate
