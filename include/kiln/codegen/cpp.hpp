@@ -303,13 +303,15 @@ class CppKernelWriter {
     s += "  for (int64_t b = 0; b < batch; ++b) {\n    oa[b] = ob[b] = 0;\n";
     s += "    int64_t rr = b; for (int d = nd - 3; d >= 0; --d) { const int64_t ix = rr % sz[d]; rr /= sz[d]; oa[b] += ix * sa[d]; ob[b] += ix * sb[d]; }\n  }\n";
     s += "  struct Args { void* const* P; const int64_t* M; const uint64_t* A; } args{P, M, A};\n";
-    s += "  auto store = [](const void* ctx, int64_t b, int64_t i, int64_t j, int64_t n, const " + acc + "* row) {\n";
+    s += "  auto store = [](const void* ctx, int64_t b, int64_t i0, int64_t j, int64_t m, int64_t n, const " + acc + "* v, int64_t ldv) {\n";
     s += "    void* const* P = ((const Args*)ctx)->P; const int64_t* M = ((const Args*)ctx)->M; const uint64_t* A = ((const Args*)ctx)->A;\n";
     s += "    const int nd = (int)M[0]; const int64_t* sz = M + 2; (void)A;\n";
     s += ep.prelude("b", "__restrict", "    ");
     // Contiguous columns get contiguous addressing (vector loads and stores), the rest gathers.
     auto loop = [&](bool unit) {
-      return "#pragma omp simd\n      for (int64_t t = 0; t < n; ++t) {\n" + ep.store("i", "j + t", "row[t]", "        ", unit) + "      }\n";
+      return "      for (int64_t r = 0; r < m; ++r) {\n        const int64_t i = i0 + r; const " + acc + "* row = v + r * ldv;\n" +
+             "#pragma omp simd\n        for (int64_t t = 0; t < n; ++t) {\n" + ep.store("i", "j + t", "row[t]", "          ", unit) +
+             "        }\n      }\n";
     };
     s += "    if (" + (unit_cols.empty() ? std::string("true") : unit_cols) + ") {\n" + loop(true) + "    } else {\n" + loop(false) + "    }\n  };\n";
     auto init = [&](int o) { return reader[o] + (k_.prologue_slot[size_t(o)] >= 0 ? "{A}" : "{}"); };

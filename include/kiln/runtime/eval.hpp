@@ -35,6 +35,7 @@ struct CompiledVariant {
 struct CompiledPlan {
   sched::Plan plan;
   Mode mode = Mode::fused;
+  uint8_t options = 0;  // kiln::plan_options() it was built under
   std::vector<codegen::Layout> layouts;
   std::mutex mu;
   std::unordered_map<Hash128, std::shared_ptr<CompiledVariant>, Hash128Hasher> variants;
@@ -45,11 +46,12 @@ inline std::string describe_kernel(const ir::Graph& g, const sched::Kernel& k) {
   static const char* kinds[] = {"pointwise", "rows", "matmul"};
   return std::string(kinds[int(k.kind)]) + " over " + format_shape(std::span(d.shape.data(), size_t(d.rank)));
 }
-// Kernel `index` of a plan as the profiler names it: the plan (its graph's signature) and mode, the
-// index, what it computes.
-inline std::string profile_label(const ir::Graph& g, Mode mode, size_t index, const sched::Kernel& k) {
+// Kernel `index` of a plan as the profiler names it: the plan (its graph's signature), mode and
+// switches, the index, what it computes.
+inline std::string profile_label(const ir::Graph& g, const CompiledPlan& cp, size_t index, const sched::Kernel& k) {
   static const char* modes[] = {"eager", "fused", "max-autotune", "reduce-overhead"};
-  return "[plan " + g.signature.hex().substr(0, 6) + " " + modes[int(mode)] + " k" + std::to_string(index) + "] " + describe_kernel(g, k);
+  return "[plan " + g.signature.hex().substr(0, 6) + " " + modes[int(cp.mode)] + (cp.options & 1 ? " epilogues apart" : "") + " k" +
+         std::to_string(index) + "] " + describe_kernel(g, k);
 }
 
 // Called whenever the CPU backend compiles a new plan variant (runtime/precompile.hpp).
@@ -102,7 +104,7 @@ class CpuBackend final : public Backend {
       v->fns[k](args[k].ptrs.data(), args[k].meta.data(), args[k].words.data());
       kiln::detail::counters_state().kernels_launched.fetch_add(1, std::memory_order_relaxed);
       if (profile)
-        detail::profile_record(profile_label(g, cp.mode, k, kernels[k]),
+        detail::profile_record(profile_label(g, cp, k, kernels[k]),
                                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
     }
   }
@@ -157,6 +159,7 @@ KILN_ENGINE_API std::shared_ptr<CompiledPlan> plan_for(const ir::Graph& g, Mode 
   auto cp = std::make_shared<CompiledPlan>();
   cp->plan = sched::schedule(g, mode != Mode::eager, options == 0);
   cp->mode = mode;
+  cp->options = options;
   kiln::detail::counters_state().plans_built.fetch_add(1, std::memory_order_relaxed);
   for (auto& k : cp->plan.kernels) cp->layouts.push_back(codegen::layout(g, k));
   if (log_enabled(LogTopic::sched))

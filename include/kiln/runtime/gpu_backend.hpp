@@ -755,7 +755,7 @@ class GpuBackend final : public Backend {
       if (profile) timer.emplace(dev.ordinal()), timer->start(dev.stream());
       if (by_library[k] && Api::library_gemm(g, kernels[k], cp.layouts[k], call.args[k], dev)) {
         kiln::detail::counters_state().kernels_launched.fetch_add(1, std::memory_order_relaxed);
-        if (timer) timer->stop(dev.stream()), detail::profile_record(profile_label(g, cp.mode, k, kernels[k]) + " vendor GEMM", timer->elapsed_ms());
+        if (timer) timer->stop(dev.stream()), detail::profile_record(profile_label(g, cp, k, kernels[k]) + " vendor GEMM", timer->elapsed_ms());
         continue;
       }
       const codegen::GpuVariant& v = call.vars[k];
@@ -765,7 +765,7 @@ class GpuBackend final : public Backend {
       KernelDescription describe{&g, &kernels[k]};
       if (v.stage) launch_one(*fns.stage[k], staging, block, maps, describe, dev);
       launch_one(fns.main[k], L, block, maps, describe, dev);
-      if (timer) timer->stop(dev.stream()), detail::profile_record(profile_label(g, cp.mode, k, kernels[k]) + " " + variant_text(kernels[k], v), timer->elapsed_ms());
+      if (timer) timer->stop(dev.stream()), detail::profile_record(profile_label(g, cp, k, kernels[k]) + " " + variant_text(kernels[k], v), timer->elapsed_ms());
     }
   }
   static void launch_one(const Function& f, const GpuLaunch& L, std::vector<uint64_t>& block, TensorMaps& maps,

@@ -135,12 +135,14 @@ struct KilnGemmRead {
   Acc operator()(T x) const { return kiln_gemm_widen<W, Acc>(x); }
 };
 
-// The caller's store: fn(ctx, b, i, j, n, v) writes C[b][i][j .. j+n) from v[0 .. n).
+// The caller's store: fn(ctx, b, i, j, m, n, v, ldv) writes C[b][i .. i+m)[j .. j+n) from
+// the rows v + r * ldv (a whole register tile a call: the epilogue's setup and its math's
+// constants are paid per tile, not per row piece).
 // NOTE: a function pointer, not a template parameter, so that every kernel of a
 // translation unit shares one instantiation per dtype (compile time).
 template <class Acc>
 struct KilnGemmStore {
-  void (*fn)(const void* ctx, int64_t b, int64_t i, int64_t j, int64_t n, const Acc* v);
+  void (*fn)(const void* ctx, int64_t b, int64_t i, int64_t j, int64_t m, int64_t n, const Acc* v, int64_t ldv);
   const void* ctx;
 };
 
@@ -224,7 +226,7 @@ struct KilnGemm {
           kiln_gemm_tile<Acc>(kc, ap + ir * kc * MR, bk, first ? nullptr : wt, last ? tile : wt);
           if (last) {
             const int64_t i0 = ic + ir * MR, mr = M - i0 < MR ? M - i0 : MR;
-            for (int64_t i = 0; i < mr; ++i) store.fn(store.ctx, b, i0 + i, j0, nr, tile + i * NR);
+            store.fn(store.ctx, b, i0, j0, mr, nr, tile, NR);
           }
         }
       }
@@ -237,7 +239,7 @@ struct KilnGemm {
       alignas(64) Acc zeros[NR] = {};
       for (int64_t b = 0; b < batch; ++b)
         for (int64_t i = 0; i < M; ++i)
-          for (int64_t j = 0; j < N; j += NR) store.fn(store.ctx, b, i, j, N - j < NR ? N - j : NR, zeros);
+          for (int64_t j = 0; j < N; j += NR) store.fn(store.ctx, b, i, j, 1, N - j < NR ? N - j : NR, zeros, 0);
       return;
     }
 #if defined(_OPENMP)
