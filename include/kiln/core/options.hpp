@@ -45,7 +45,8 @@ inline void set_allow_tf32(bool on) { detail::allow_tf32_flag().store(on, std::m
 inline bool epilogue_fusion() { return detail::epilogue_fusion_flag().load(std::memory_order_relaxed); }
 inline void set_epilogue_fusion(bool on) { detail::epilogue_fusion_flag().store(on, std::memory_order_relaxed); }
 
-// The switches that decide a plan, as one word for plans' keys.
-inline uint8_t plan_options() { return epilogue_fusion() ? 0 : 1; }
+// The switches that decide a plan, as one word of bits for plans' keys.
+inline constexpr uint8_t kPlanEpiloguesApart = 1;  // epilogue_fusion() is off
+inline uint8_t plan_options() { return epilogue_fusion() ? 0 : kPlanEpiloguesApart; }
 
 }  // namespace kiln

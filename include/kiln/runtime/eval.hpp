@@ -50,7 +50,7 @@ inline std::string describe_kernel(const ir::Graph& g, const sched::Kernel& k) {
 // switches, the index, what it computes.
 inline std::string profile_label(const ir::Graph& g, const CompiledPlan& cp, size_t index, const sched::Kernel& k) {
   static const char* modes[] = {"eager", "fused", "max-autotune", "reduce-overhead"};
-  return "[plan " + g.signature.hex().substr(0, 6) + " " + modes[int(cp.mode)] + (cp.options & 1 ? " epilogues apart" : "") + " k" +
+  return "[plan " + g.signature.hex().substr(0, 6) + " " + modes[int(cp.mode)] + (cp.options & kPlanEpiloguesApart ? " epilogues apart" : "") + " k" +
          std::to_string(index) + "] " + describe_kernel(g, k);
 }
 
@@ -157,7 +157,7 @@ KILN_ENGINE_API std::shared_ptr<CompiledPlan> plan_for(const ir::Graph& g, Mode 
   std::lock_guard lock(mu);
   if (auto it = plans.find(key); it != plans.end()) return it->second;
   auto cp = std::make_shared<CompiledPlan>();
-  cp->plan = sched::schedule(g, mode != Mode::eager, options == 0);
+  cp->plan = sched::schedule(g, mode != Mode::eager, !(options & kPlanEpiloguesApart));
   cp->mode = mode;
   cp->options = options;
   kiln::detail::counters_state().plans_built.fetch_add(1, std::memory_order_relaxed);
