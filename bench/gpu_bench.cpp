@@ -14,6 +14,7 @@
 // KILN_BENCH_ROW=W2 (W1, W3, x*w+b, W8, split, "2 dims") one row.
 // KILN_BENCH_GEMM_SWEEP=1 also times bf16 8192^3 and the W4 step with each GEMM config forced;
 // KILN_BENCH_ONLY=small (or prologue, tf32) those rows alone, KILN_BENCH_GEMM_SMALL_SWEEP=1 each SIMT config forced.
+// KILN_BENCH_ONLY=energy: W4's GEMMs and step back to back, energy per call from NVML (torch_w4_gemms.py --energy).
 #include <kiln/kiln.hpp>
 #include <kiln/runtime/cuda_backend.hpp>
 
@@ -29,6 +30,7 @@
 #include <memory>
 #include <thread>
 
+#include <dlfcn.h>
 #include <unistd.h>
 
 using namespace kiln;
@@ -97,6 +99,62 @@ static double anchor_ms(const std::function<void()>& fn) {
   }
   return best;
 }
+// NVML (libnvidia-ml, loaded at run time, as the driver's own libraries are): the board's energy
+// counter and SM clock. Under the 700 W limit a GEMM run back to back is bound by the energy it
+// takes per call, which flushed single calls do not show.
+struct Nvml {
+  using Dev = void*;
+  int (*energy_mj)(Dev, unsigned long long*) = nullptr;
+  int (*clock_mhz)(Dev, int, unsigned*) = nullptr;
+  Dev dev = nullptr;
+  Nvml() {
+    void* h = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!h) return;
+    auto init = reinterpret_cast<int (*)()>(dlsym(h, "nvmlInit_v2"));
+    auto get = reinterpret_cast<int (*)(unsigned, Dev*)>(dlsym(h, "nvmlDeviceGetHandleByIndex_v2"));
+    energy_mj = reinterpret_cast<int (*)(Dev, unsigned long long*)>(dlsym(h, "nvmlDeviceGetTotalEnergyConsumption"));
+    clock_mhz = reinterpret_cast<int (*)(Dev, int, unsigned*)>(dlsym(h, "nvmlDeviceGetClockInfo"));
+    if (!init || !get || !energy_mj || !clock_mhz || init() != 0 || get(0, &dev) != 0) dev = nullptr;
+  }
+  bool ok() const { return dev != nullptr; }
+  double joules() const {
+    unsigned long long mj = 0;
+    return energy_mj(dev, &mj) == 0 ? double(mj) / 1000.0 : NAN;
+  }
+  unsigned sm_mhz() const {
+    unsigned m = 0;
+    return clock_mhz(dev, 1, &m) == 0 ? m : 0;  // NVML_CLOCK_SM
+  }
+};
+// fn back to back: about `warm` seconds to let the clock settle where the power limit holds it,
+// then about `secs` seconds between two events with the energy counter read on either side.
+struct EnergyRun {
+  double ms = 0, mj = 0, watts = 0;
+  unsigned mhz = 0;
+};
+static EnergyRun energy_loop(const Nvml& nv, const std::function<void()>& fn, double warm = 0.5, double secs = 1.0) {
+  auto& dev = cu::cuda_device();
+  auto t0 = Clock::now();
+  int calls = 0;
+  while (std::chrono::duration<double>(Clock::now() - t0).count() < warm) {
+    for (int i = 0; i < 10; ++i) fn();
+    dev.synchronize();
+    calls += 10;
+  }
+  const double per_s = std::chrono::duration<double>(Clock::now() - t0).count() / calls;
+  const int n = std::max(20, int(secs / per_s));
+  cu::EventTimer t;
+  dev.synchronize();
+  const double j0 = nv.joules();
+  t.start();
+  for (int i = 0; i < n; ++i) fn();
+  t.stop();
+  const unsigned mhz = nv.sm_mhz();  // read while the loop still runs
+  dev.synchronize();
+  const double j1 = nv.joules(), ms = double(t.elapsed_ms());
+  return {ms / n, (j1 - j0) * 1000.0 / n, (j1 - j0) / (ms / 1000.0), mhz};
+}
+
 // Wall time per call (µs) of back-to-back calls.
 static double wall_us(const std::function<void()>& fn, int n = 2000) {
   for (int i = 0; i < 50; ++i) fn();
@@ -417,6 +475,68 @@ static void gemm_benches() {
 }
 
 // ---- W4: the MLP training step (forward + backward), bf16; gives its JSON line ----
+// KILN_BENCH_ONLY=energy: each of W4's six GEMMs (bf16, plain) back to back under the power limit,
+// as the heuristic picks its config and with one thing changed at a time: time, energy and mean
+// power per call, and the SM clock the limit holds (bench/torch_w4_gemms.py --energy: cuBLAS's).
+static void gemm_energy_bench() {
+  Nvml nv;
+  if (!nv.ok()) {
+    std::printf("energy: NVML (libnvidia-ml.so.1) not available\n");
+    return;
+  }
+  auto r = [](int64_t m, int64_t n, uint64_t seed) { return cast<bf16>(randn<f32>(Shape<2>{m, n}, seed)); };
+  Tensor<bf16, 2> x = r(8192, 4096, 50), W1 = r(4096, 16384, 51), W2 = r(16384, 4096, 52), h = r(8192, 16384, 53),
+                  dy = r(8192, 4096, 54);
+  const std::vector<std::pair<std::string, std::function<void()>>> gemms = {
+      {"x @ W1", [&] { Tensor<bf16, 2> o = matmul(x, W1); }},
+      {"h @ W2", [&] { Tensor<bf16, 2> o = matmul(h, W2); }},
+      {"dy @ W2.t()", [&] { Tensor<bf16, 2> o = matmul(dy, W2.transpose(0, 1)); }},
+      {"h.t() @ dy", [&] { Tensor<bf16, 2> o = matmul(h.transpose(0, 1), dy); }},
+      {"h @ W1.t()", [&] { Tensor<bf16, 2> o = matmul(h, W1.transpose(0, 1)); }},
+      {"x.t() @ h", [&] { Tensor<bf16, 2> o = matmul(x.transpose(0, 1), h); }}};
+  using Tweak = std::function<void(codegen::GemmConfig&)>;
+  const std::vector<std::pair<std::string, Tweak>> variants = {
+      {"as the heuristic", [](codegen::GemmConfig&) {}},
+      {"one block each", [](codegen::GemmConfig& c) { c.cluster = 1; }},
+      {"raster groups of 16", [](codegen::GemmConfig& c) { c.group = 16; }},
+      {"raster groups of 4", [](codegen::GemmConfig& c) { c.group = 4; }},
+      {"128x192 tiles", [](codegen::GemmConfig& c) { c.bn = c.wn = 192, c.cluster = 1; }},
+      {"128x128 tiles, 6 stages", [](codegen::GemmConfig& c) { c.bn = c.wn = 128, c.stages = 6; }},
+      {"split epilogue, 3 stages", [](codegen::GemmConfig& c) { c.split_epilogue = true, c.stages = 3; }}};
+  const double flops = 2.0 * 8192 * 4096 * 16384;
+  for (int round = 0; round < 2; ++round)
+    for (const auto& [name, fn] : gemms)
+      for (const auto& [label, tweak] : variants) {
+        std::string picked;
+        codegen::gemm_chooser() = [&](const codegen::GemmProblem& q) {
+          codegen::GemmConfig c = tweaked_heuristic(q, tweak);
+          picked = c.str();
+          return std::optional(c);
+        };
+        EnergyRun e = energy_loop(nv, fn, 0.3, 0.8);
+        std::printf("energy, round %d, %-12s %-26s %-34s %7.3f ms %7.1f mJ %5.0f W %4u MHz %5.0f TFLOP/s %5.2f pJ/flop\n", round,
+                    name.c_str(), label.c_str(), picked.c_str(), e.ms, e.mj, e.watts, e.mhz, flops / e.ms / 1e9, e.mj * 1e9 / flops);
+        std::fflush(stdout);
+      }
+  codegen::gemm_chooser() = nullptr;
+  for (int round = 0; round < 2; ++round) {
+    EnergyRun e = energy_loop(nv, [&] {
+      for (const auto& g : gemms) g.second();
+    });
+    std::printf("energy, round %d, the six back to back, as the heuristic: %7.3f ms %7.1f mJ %5.0f W %4u MHz %5.2f pJ/flop\n", round,
+                e.ms, e.mj, e.watts, e.mhz, e.mj * 1e9 / (6 * flops));
+  }
+  // The W4 step itself (as gpu_bench's W4 row runs it), fused and eager.
+  auto p = w4::random_params<bf16>(w4::Sizes{8192, 4096, 16384}, 40, cuda(0));
+  auto st = w4::step(p);
+  for (Mode m : {Mode::fused, Mode::eager})
+    for (int round = 0; round < 2; ++round) {
+      EnergyRun e = energy_loop(nv, [&] { auto o = std::apply([&](const auto&... x) { return evaluate(m, x...); }, st); });
+      std::printf("energy, round %d, W4 step, %-6s: %7.3f ms %7.1f mJ %5.0f W %4u MHz %5.2f pJ/flop\n", round,
+                  m == Mode::fused ? "fused" : "eager", e.ms, e.mj, e.watts, e.mhz, e.mj * 1e9 / (6 * flops));
+    }
+}
+
 static std::string w4_step_bench() {
   // x [8192,4096], W1 [4096,16384], W2 [16384,4096]
   w4::Sizes s{8192, 4096, 16384};
@@ -647,6 +767,7 @@ int main(int argc, char** argv) {
   if (!all && std::string(only) == "prologue") prologue_benches();  // KILN_BENCH_ONLY=prologue: those rows alone
   if (!all && std::string(only) == "small") small_gemm_benches();    // KILN_BENCH_ONLY=small: f32 GEMMs of few tiles
   if (!all && std::string(only) == "tf32") tf32_gemm_benches();     // KILN_BENCH_ONLY=tf32: the TF32 rows alone
+  if (!all && std::string(only) == "energy") gemm_energy_bench();   // KILN_BENCH_ONLY=energy: W4's GEMMs, energy per call
   // KILN_BENCH_ONLY=w4: the W4 training step alone.
   std::string w4_only = !all && std::string(only) == "w4" ? w4_step_bench() : "";
   // KILN_BENCH_ONLY=rows: the copy ceiling and the memory-bound rows (W1, W2, W3, W8, split rows, the W4
