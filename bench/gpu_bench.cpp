@@ -502,7 +502,8 @@ static void gemm_energy_bench() {
       {"raster groups of 4", [](codegen::GemmConfig& c) { c.group = 4; }},
       {"128x192 tiles", [](codegen::GemmConfig& c) { c.bn = c.wn = 192, c.cluster = 1; }},
       {"128x128 tiles, 6 stages", [](codegen::GemmConfig& c) { c.bn = c.wn = 128, c.stages = 6; }},
-      {"split epilogue, 3 stages", [](codegen::GemmConfig& c) { c.split_epilogue = true, c.stages = 3; }}};
+      {"split epilogue, 3 stages", [](codegen::GemmConfig& c) { c.split_epilogue = true, c.stages = 3; }},
+      {"a block a tile, 4 stages", [](codegen::GemmConfig& c) { c.persistent = false, c.cluster = 1; }}};
   const double flops = 2.0 * 8192 * 4096 * 16384;
   for (int round = 0; round < 2; ++round)
     for (const auto& [name, fn] : gemms)
