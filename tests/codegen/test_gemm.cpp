@@ -138,9 +138,9 @@ TEST_CASE("gemm config choice: tensor cores only where dtype, architecture and l
           for (bool ak : {false, true})
             for (bool bk : {false, true}) CHECK(codegen::gemm_shared_bytes(c, {ak, bk}) <= 227u * 1024);
         }
-        if (c.kind == GemmKind::wgmma) {  // consumers of 64-row blocks, 64-element swizzle rows, n <= 256 per instruction
+        if (c.kind == GemmKind::wgmma) {  // 64-row consumers, 64-element swizzle rows, n <= 256 per instruction
           CHECK(arch == 90);
-          CHECK((c.wm == 64 || (c.wm == 128 && !c.split_epilogue)));
+          CHECK(c.wm == 64);
           CHECK(c.bk == 64);
           CHECK(c.wn == c.bn);
           CHECK((c.bn % 64 == 0 && c.bn <= 256));
@@ -191,24 +191,24 @@ TEST_CASE("gemm config choice: tensor cores only where dtype, architecture and l
   // What max-autotune times: where wgmma fits, every wgmma config; else every mma config.
   auto tuned = codegen::gemm_tuning_candidates(problem(8192, 8192, 8192, DType::bf16, true, 90, true));
   auto count = [](const std::vector<GemmConfig>& cs, GemmKind k) { return std::count_if(cs.begin(), cs.end(), [&](const GemmConfig& c) { return c.kind == k; }); };
-  CHECK(count(tuned, GemmKind::wgmma) == 7);
+  CHECK(count(tuned, GemmKind::wgmma) == 6);
   CHECK(count(tuned, GemmKind::mma) == 0);
   // ... the persistent ones in clusters, as the heuristic would run them (2048 or more tiles).
   auto clustered = [](const std::vector<GemmConfig>& cs) { return std::count_if(cs.begin(), cs.end(), [](const GemmConfig& c) { return c.cluster == 2; }); };
-  CHECK(clustered(tuned) == 3);
+  CHECK(clustered(tuned) == 2);
   for (const GemmConfig& c : tuned) CHECK((c.cluster == 2) == c.persistent);
   CHECK(clustered(codegen::gemm_tuning_candidates(problem(1024, 1024, 1024, DType::bf16, true, 90, true))) == 0);
   // A transcendental epilogue: the split-epilogue configs too, and the heuristic's tile with one.
   GemmProblem heavy = problem(8192, 8192, 8192, DType::bf16, true, 90, true);
   heavy.heavy_epilogue = true;
   auto tuned_heavy = codegen::gemm_tuning_candidates(heavy);
-  CHECK(count(tuned_heavy, GemmKind::wgmma) == 9);
+  CHECK(count(tuned_heavy, GemmKind::wgmma) == 8);
   CHECK(std::count_if(tuned_heavy.begin(), tuned_heavy.end(), [](const GemmConfig& c) { return c.split_epilogue; }) == 2);
   CHECK(!hopper.split_epilogue);
   GemmConfig split = codegen::gemm_heuristic(heavy);
   CHECK((split.kind == GemmKind::wgmma && split.bm == 128 && split.bn == 256 && split.persistent && split.split_epilogue));
   CHECK(split.str().substr(split.str().find("_p")) == "_pe_c2");
-  CHECK(clustered(tuned_heavy) == 4);  // not the 128 x 192 split config: 192 columns do not split into two 64-column shares
+  CHECK(clustered(tuned_heavy) == 3);  // not the 128 x 192 split config: 192 columns do not split into two 64-column shares
   heavy.m = heavy.n = 1024;  // 64 tiles of 128 x 128: no split config of that tile
   CHECK(!codegen::gemm_heuristic(heavy).split_epilogue);
   auto no_tma = codegen::gemm_tuning_candidates(problem(8192, 8192, 8192, DType::bf16, true, 90));
@@ -576,12 +576,12 @@ TEST_CASE("the persistent Hopper kernel: a block per SM walks the tiles; it comp
   std::vector<GemmConfig> persistent;
   for (const GemmConfig& c : codegen::gemm_candidates(DType::bf16, 90))
     if (c.persistent) persistent.push_back(c);
-  REQUIRE(persistent.size() == 5);  // two with a split epilogue, one of 256 x 128 (consumers of two row blocks)
-  for (GemmConfig c : std::vector(persistent)) {  // each also with stream-K (not 256 x 128), and in clusters of
-    CHECK(!c.stream_k);                           // two blocks (B's tile in two shares of whole 64-column boxes)
+  REQUIRE(persistent.size() == 4);  // two with a split epilogue
+  for (GemmConfig c : std::vector(persistent)) {  // each also with stream-K, and in clusters of two blocks (B's
+    CHECK(!c.stream_k);                           // tile in two shares of whole 64-column boxes)
     CHECK(c.cluster == 1);
     c.stream_k = true;
-    if (c.wm == 64) persistent.push_back(c);
+    persistent.push_back(c);
     c.stream_k = false, c.cluster = 2;
     if (c.bn % 128 == 0) persistent.push_back(c);
   }
@@ -1055,7 +1055,7 @@ TEST_CASE_TEMPLATE("GPU GEMM epilogue in the Hopper kernel: interior tiles 4 col
   std::vector<GemmConfig> tiles;  // each wgmma tile shape and epilogue form once (the staging walks BN in 32-column chunks)
   for (const GemmConfig& c : codegen::gemm_candidates(DT::id, 90))
     if (c.kind == GemmKind::wgmma && std::none_of(tiles.begin(), tiles.end(), [&](const GemmConfig& t) {
-          return t.bn == c.bn && t.wm == c.wm && t.persistent == c.persistent && t.split_epilogue == c.split_epilogue;
+          return t.bn == c.bn && t.persistent == c.persistent && t.split_epilogue == c.split_epilogue;
         }))
       tiles.push_back(c);
   for (const GemmConfig& c : tiles) {
@@ -1077,11 +1077,10 @@ TEST_CASE("GPU GEMM: the persistent Hopper kernel over more tiles than SMs, each
   std::vector<GemmConfig> configs;
   for (const GemmConfig& c : codegen::gemm_candidates(DType::bf16, 90))
     if (c.persistent) configs.push_back(c), ++persistent;
-  CHECK(persistent == 5);  // two with a split epilogue, one of 256x128 (consumers of two row blocks)
+  CHECK(persistent == 4);  // two with a split epilogue
   // Each also with stream-K, and in clusters of two blocks; and raster groups of other
   // heights: 3 (9 tile rows in three groups), 16 (one group, partial).
-  for (int i = 0; i < persistent; ++i)  // NOTE: a consumer of two row blocks has no stream-K (gemm_fits)
-    if (configs[size_t(i)].wm == 64) configs.push_back(configs[size_t(i)]), configs.back().stream_k = true;
+  for (int i = 0; i < persistent; ++i) configs.push_back(configs[size_t(i)]), configs.back().stream_k = true;
   for (int i = 0; i < persistent; ++i)
     if (configs[size_t(i)].bn % 128 == 0) configs.push_back(configs[size_t(i)]), configs.back().cluster = 2;
   for (int g : {3, 16}) configs.push_back(configs.front()), configs.back().group = g;

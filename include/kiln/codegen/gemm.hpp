@@ -186,12 +186,10 @@ inline size_t gemm_simt_shared_bytes(const GemmConfig& c, DType d) {
 inline bool gemm_fits(const GemmConfig& c, const GemmProblem& p) {
   if ((c.k_slices > 1 || c.split_k > 1) && c.kind != GemmKind::simt) return false;
   // wgmma: a K step is one 128-byte swizzle row (64 16-bit elements, 32 TF32 ones); the split
-  // epilogue's staging holds the output in 16 bits. A consumer of two 64-row blocks (wm 128)
-  // stores through its own warpgroup (no split epilogue, no stream-K).
+  // epilogue's staging holds the output in 16 bits.
   if (c.kind == GemmKind::wgmma)
     return p.tma_ok && p.tensor_ok && gemm_has_wgmma(p.dtype, p.arch, p.tf32) && c.bk * int(info(p.dtype).bytes) == 128 &&
            !(c.split_epilogue && p.dtype == DType::f32) &&
-           (c.wm == 64 || (c.wm == 128 && c.bm % c.wm == 0 && !c.split_epilogue && !c.stream_k)) &&
            (c.cluster == 1 || (c.persistent && !c.stream_k && c.bn % (64 * c.cluster) == 0));
   if (c.kind == GemmKind::mma) {
     GemmOperands o = p.ops;
@@ -249,9 +247,7 @@ inline std::vector<GemmConfig> gemm_candidates(DType d, int arch, bool tf32 = fa
               {K::wgmma, 128, 192, 64, 64, 192, 4}, {K::wgmma, 128, 256, 64, 64, 256, 4},
               {K::wgmma, 128, 256, 64, 64, 256, 3}, {K::wgmma, 128, 128, 64, 64, 128, 6, true},
               // Split epilogue (the producer warpgroup's idle warps): its staging takes one stage's room.
-              {K::wgmma, 128, 256, 64, 64, 256, 3, true, true}, {K::wgmma, 128, 192, 64, 64, 192, 4, true, true},
-              // 256x128: each consumer warpgroup two 64-row blocks (cuBLAS's tile for W4's K = 16384 GEMMs).
-              {K::wgmma, 256, 128, 64, 128, 128, 4, true}};
+              {K::wgmma, 128, 256, 64, 64, 256, 3, true, true}, {K::wgmma, 128, 192, 64, 64, 192, 4, true, true}};
   if (gemm_has_mma(d, arch)) {
     std::vector<GemmConfig> ampere = {{K::mma, 128, 128, 32, 64, 64, 4}, {K::mma, 128, 128, 32, 64, 64, 3}, {K::mma, 128, 128, 32, 64, 64, 5},
             {K::mma, 128, 128, 64, 64, 64, 3}, {K::mma, 128, 128, 64, 64, 64, 2}, {K::mma, 128, 128, 32, 64, 32, 4},

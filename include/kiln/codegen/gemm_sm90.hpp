@@ -6,15 +6,14 @@
 // kinds (codegen/gemm.hpp), plus two tensor maps (tma_a, tma_b: kernel
 // parameters the host encodes, runtime/cuda_backend.hpp).
 //
-// One block computes a BM x BN tile with 1 + BM/WM warpgroups:
+// One block computes a BM x BN tile with 1 + BM/64 warpgroups:
 //   producer   one thread: for each K step, waits until the stage is free
 //              (its `empty` barrier), then has the copy engine (TMA) bring A's
 //              and B's boxes into it, completing on its `full` barrier. The copy
 //              engine writes the 128-byte-swizzled layout wgmma reads, and fills
 //              whatever lies past M, N or K with zeros.
-//   consumers  warpgroup c owns rows WM*c .. WM*c+WM-1 of the tile (WM/64 blocks of 64 rows,
-//              RB: 1, or 2 in a 256x128 tile): waits for a stage, issues BK/16 wgmma
-//              m64nBNk16 per row block (A and B both from shared memory, f32
+//   consumers  warpgroup c owns rows 64c .. 64c+63 of the tile: waits for a stage,
+//              issues BK/16 wgmma m64nBNk16 (A and B both from shared memory, f32
 //              accumulators in registers), keeps one step in flight and gives the
 //              previous step's stage back; at the end every element leaves
 //              through the store callback (the fused epilogue). Where the host found
@@ -76,8 +75,7 @@ class WgmmaWriter {
     // A unit's K steps: the whole tile's, or a stream-K run's part of it.
     const std::string KB = sk ? "kb" : "0", KE = sk ? "ke" : "KT";
     std::string s = w_.head(prelude);
-    // RB: the 64-row blocks a consumer warpgroup owns (WM / 64: one wgmma m64 each per K16).
-    s += "  constexpr int STAGES = " + S(c_.stages) + ", CONSUMERS = BM / WM, RB = WM / 64;\n";
+    s += "  constexpr int STAGES = " + S(c_.stages) + ", CONSUMERS = BM / WM;\n";
     // E: an element's bytes (a K step, BK of them, is one 128-byte swizzle row); KS: the K of one wgmma.
     s += "  constexpr uint32_t E = " + S(int(info(d_).bytes)) + ", A_STAGE = BM * BK * E, B_STAGE = BN * BK * E;\n  constexpr int KS = 32 / E;\n";
     s += "  extern __shared__ __align__(128) unsigned char kiln_smem[];\n";
@@ -143,21 +141,17 @@ class WgmmaWriter {
     if (split) s += "    else if (threadIdx.x >= 128 - EPI) {\n" + split_epilogue(tiles_open, tiles_close) + "    }\n";
     s += std::string("  } else {\n") + (split ? "" : "    kiln_regs_inc<232>();\n");
     s += "    const int c = wg - 1, w = (threadIdx.x / 32) % 4;\n";
-    s += std::string("    float d[RB * BN / 2];\n    int g = 0;\n") + (split ? "    int tiles_done = 0;\n" : "") + tiles_open("    ");
-    s += "#pragma unroll\n    for (int i = 0; i < RB * BN / 2; ++i) d[i] = 0.f;\n";
+    s += std::string("    float d[BN / 2];\n    int g = 0;\n") + (split ? "    int tiles_done = 0;\n" : "") + tiles_open("    ");
+    s += "#pragma unroll\n    for (int i = 0; i < BN / 2; ++i) d[i] = 0.f;\n";
     s += "    for (int kt = " + KB + "; kt < " + KE + "; ++kt, ++g) {\n      const int s = g % STAGES;\n";
     s += "      kiln_mbar_wait(full0 + 8 * s, (g / STAGES) & 1);\n";
-    s += "      const uint32_t a = sA + s * A_STAGE + c * RB * 8192, b = sB + s * B_STAGE;\n      kiln_wgmma_fence();\n";
+    s += "      const uint32_t a = sA + s * A_STAGE + c * 8192, b = sB + s * B_STAGE;\n      kiln_wgmma_fence();\n";
     s += "#pragma unroll\n      for (int ks = 0; ks < BK / KS; ++ks) {\n";
-    s += std::string("        const unsigned long long db = ") +
-         (o_.b_k_major ? "kiln_wgmma_desc(b + ks * 32, 16, 1024)" : "kiln_wgmma_desc(b + ks * 2048, 8192, 1024)") + ";\n";
-    // Row block rb of the consumer's rows: A's next 64 rows (8192 bytes on in either layout).
-    for (int rb = 0; rb < c_.wm / 64; ++rb) {
-      const std::string a = "a + " + S(rb * 8192);
-      s += "        {\n          const unsigned long long da = " +
-           (o_.a_k_major ? "kiln_wgmma_desc(" + a + " + ks * 32, 16, 1024)" : "kiln_wgmma_desc(" + a + " + ks * 2048, 8192, 1024)") +
-           ";\n" + mma_instruction("          ", rb * c_.bn / 2) + "        }\n";
-    }
+    s += std::string("        const unsigned long long da = ") +
+         (o_.a_k_major ? "kiln_wgmma_desc(a + ks * 32, 16, 1024)" : "kiln_wgmma_desc(a + ks * 2048, 8192, 1024)") +
+         ", db = " + (o_.b_k_major ? "kiln_wgmma_desc(b + ks * 32, 16, 1024)" : "kiln_wgmma_desc(b + ks * 2048, 8192, 1024)") +
+         ";\n";
+    s += mma_instruction("        ");
     s += "      }\n      kiln_wgmma_commit();\n      kiln_wgmma_wait<1>();\n";
     // The previous step's MMAs have finished reading their stage: back to the producer.
     s += "      if (kt > " + KB + " && lane == 0) " + release("empty0 + 8 * ((g - 1) % STAGES)") + "\n    }\n";
@@ -177,10 +171,9 @@ class WgmmaWriter {
     // at (lane/4, 2*(lane%4) + 0/1) and eight rows below (mma.sync's C fragment). A tile inside
     // the output stores without a test per element.
     auto stores = [&](bool checked) {
-      std::string t = "#pragma unroll\n    for (int rb = 0; rb < RB; ++rb)\n#pragma unroll\n    for (int j = 0; j < BN / 8; ++j)\n"
-                      "#pragma unroll\n    for (int q = 0; q < 4; ++q) {\n";
-      t += "      const int64_t row = m0 + (c * RB + rb) * 64 + w * 16 + lane / 4 + (q / 2) * 8, col = n0 + j * 8 + (lane % 4) * 2 + q % 2;\n";
-      return t + w_.emit_store("      ", "row", "col", "d[rb * (BN / 2) + j * 4 + q]", checked) + "    }\n";
+      std::string t = "#pragma unroll\n    for (int j = 0; j < BN / 8; ++j)\n#pragma unroll\n    for (int q = 0; q < 4; ++q) {\n";
+      t += "      const int64_t row = m0 + c * 64 + w * 16 + lane / 4 + (q / 2) * 8, col = n0 + j * 8 + (lane % 4) * 2 + q % 2;\n";
+      return t + w_.emit_store("      ", "row", "col", "d[j * 4 + q]", checked) + "    }\n";
     };
     if (split) {
       // The staging holds the previous tile until the epilogue warps have read it all.
@@ -214,7 +207,7 @@ class WgmmaWriter {
   // imm-trans is 1 for an M-major A or an N-major B. TF32 has no imm-trans: both operands are
   // K-major (GpuVariant::stage copies one that is not), and the tensor cores read each f32
   // element's upper 19 bits (truncated to TF32).
-  std::string mma_instruction(const std::string& ind, int base = 0) const {
+  std::string mma_instruction(const std::string& ind) const {
     int n = c_.bn, regs = n / 2;
     const bool tf32 = d_ == DType::f32;
     if (tf32 && !(o_.a_k_major && o_.b_k_major)) throw Error("kiln: internal error: a TF32 wgmma GEMM on an operand that is not K-major");
@@ -225,7 +218,7 @@ class WgmmaWriter {
                     ", 0; wgmma.mma_async.sync.aligned.m64n" + std::to_string(n) + (tf32 ? "k8" : "k16") + ".f32." + t + "." + t + " {" +
                     list + "}, %" + std::to_string(regs) + ", %" + std::to_string(regs + 1) + ", p, 1, 1" + trans + "; }\\n\"\n" + ind +
                     "  : ";
-    for (int i = 0; i < regs; ++i) s += (i ? ", " : "") + std::string("\"+f\"(d[") + std::to_string(base + i) + "])";
+    for (int i = 0; i < regs; ++i) s += (i ? ", " : "") + std::string("\"+f\"(d[") + std::to_string(i) + "])";
     return s + "\n" + ind + "  : \"l\"(da), \"l\"(db), \"r\"(1));\n";
   }
 
@@ -291,18 +284,15 @@ class WgmmaWriter {
   // chunks before their use (the first ones before the last MMAs finish): up to three
   // chunks, about 24 more registers, since a chunk's compute is short next to a load from
   // memory (W4's `dy @ W2.t() * gelu'(pre)` reads pre).
-  // A consumer of several 64-row blocks (WM > 64) stores them one after the other through
-  // the same staging area: chunk `ch` of row block `rb` is chunk rb * (BN / 32) + ch.
   std::string staged_stores(const std::string& done) const {
     auto S = [](int v) { return std::to_string(v); };
-    const int row_chunks = c_.bn / kWgmmaStageCols, chunks = c_.wm / 64 * row_chunks,
-              groups = 64 * kWgmmaStageCols / (128 * kGemmGroupWidth);
+    const int chunks = c_.bn / kWgmmaStageCols, groups = 64 * kWgmmaStageCols / (128 * kGemmGroupWidth);
     const std::string P = S(kWgmmaStagePitch);
     std::vector<MatmulEpilogue::Group> g;
     for (int ch = 0; ch < chunks; ++ch)
       for (int q = 0; q < groups; ++q)
-        g.push_back(group_("m0 + c * " + S(c_.wm) + " + " + S(ch / row_chunks * 64 + q * 16) + " + t / 8",
-                           "n0 + " + S(ch % row_chunks * kWgmmaStageCols) + " + (t % 8) * 4", "f", "c" + S(ch) + "g" + S(q)));
+        g.push_back(group_("m0 + c * 64 + " + S(q * 16) + " + t / 8", "n0 + " + S(ch * kWgmmaStageCols) + " + (t % 8) * 4", "f",
+                           "c" + S(ch) + "g" + S(q)));
     std::string s = "      const int t = threadIdx.x % 128;\n";
     s += "      float* stg = (float*)(kiln_smem + (full0 + STAGES * 16 - kiln_smem_addr(kiln_smem))) + c * 64 * " + P + ";\n";
     const int chunk_regs = groups * g[0].load_bytes / 4;
