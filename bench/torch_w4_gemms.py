@@ -10,7 +10,7 @@ With --energy, each GEMM (and the six) back to back for about a second after hal
 warm-up, the board's energy counter (NVML) read on either side: time, energy and mean power per
 call, and the SM clock the power limit holds; as gpu_bench's KILN_BENCH_ONLY=energy.
 
-usage: torch_w4_gemms.py [--energy]
+usage: torch_w4_gemms.py [--energy [--quick]]
 """
 import ctypes
 import sys
@@ -85,7 +85,7 @@ def main():
         nv, flops = Nvml(), 2.0 * 8192 * 4096 * 16384
         gemms = [("x @ W1", lambda: x @ W1), ("h @ W2", lambda: h @ W2), ("dy @ W2.t()", lambda: dy @ W2.t()),
                  ("h.t() @ dy", lambda: h.t() @ dy), ("h @ W1.t()", lambda: h @ W1.t()), ("x.t() @ h", lambda: x.t() @ h)]
-        for r in range(2):
+        for r in range(0 if "--quick" in sys.argv else 2):  # --quick: the step and the six in a row alone
             for name, fn in gemms:
                 ms, mj, w, mhz = energy_loop(nv, fn)
                 print(f"torch energy, round {r}, {name:<12} cuBLAS {ms:7.3f} ms {mj:7.1f} mJ {w:5.0f} W {mhz:4d} MHz "
