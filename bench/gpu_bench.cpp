@@ -477,7 +477,6 @@ static void gemm_benches() {
   prologue_benches();
 }
 
-// ---- W4: the MLP training step (forward + backward), bf16; gives its JSON line ----
 // KILN_BENCH_ONLY=energy: each of W4's six GEMMs (bf16, plain) back to back under the power limit,
 // as the heuristic picks its config and with one thing changed at a time: time, energy and mean
 // power per call, and the SM clock the limit holds (bench/torch_w4_gemms.py --energy: cuBLAS's).
@@ -538,6 +537,7 @@ static void gemm_energy_bench() {
   }
 }
 
+// ---- W4: the MLP training step (forward + backward), bf16; gives its JSON line ----
 static std::string w4_step_bench() {
   // x [8192,4096], W1 [4096,16384], W2 [16384,4096]
   w4::Sizes s{8192, 4096, 16384};

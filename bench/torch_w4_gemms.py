@@ -6,9 +6,10 @@ CUDA events, the smaller of two rounds, three rounds printed; as gpu_bench's "W4
 (KILN_BENCH_EPILOGUE_AB=1 KILN_BENCH_ONLY=w4). What cuBLAS's GEMMs take at the clock the power
 limit holds, beside kiln's: the step's GEMMs without its epilogues and sums.
 
-With --energy, each GEMM (and the six) back to back for about a second after half a second's
-warm-up, the board's energy counter (NVML) read on either side: time, energy and mean power per
-call, and the SM clock the power limit holds; as gpu_bench's KILN_BENCH_ONLY=energy.
+With --energy, each GEMM, the W4 step (eager and torch.compile) and the six in a row, each back
+to back for about a second after half a second's warm-up, the board's energy counter (NVML) read
+on either side: time, energy and mean power per call, and the SM clock the power limit holds; as
+gpu_bench's KILN_BENCH_ONLY=energy. --quick leaves the GEMMs one by one out.
 
 usage: torch_w4_gemms.py [--energy [--quick]]
 """
