@@ -477,6 +477,19 @@ static void gemm_benches() {
   prologue_benches();
 }
 
+// W4's six GEMMs, plain, each a call (its output dropped): the forward's two, then the backward's
+// (dh @ W1.t() and x.t() @ dh with h standing in for dh, as bench/torch_w4_gemms.py has them).
+using NamedCall = std::pair<std::string, std::function<void()>>;
+static std::vector<NamedCall> w4_gemms(const Tensor<bf16, 2>& x, const Tensor<bf16, 2>& W1, const Tensor<bf16, 2>& W2,
+                                       const Tensor<bf16, 2>& h, const Tensor<bf16, 2>& dy) {
+  return {{"x @ W1", [=] { Tensor<bf16, 2> o = matmul(x, W1); }},
+          {"h @ W2", [=] { Tensor<bf16, 2> o = matmul(h, W2); }},
+          {"dy @ W2.t()", [=] { Tensor<bf16, 2> o = matmul(dy, W2.transpose(0, 1)); }},
+          {"h.t() @ dy", [=] { Tensor<bf16, 2> o = matmul(h.transpose(0, 1), dy); }},
+          {"h @ W1.t()", [=] { Tensor<bf16, 2> o = matmul(h, W1.transpose(0, 1)); }},
+          {"x.t() @ h", [=] { Tensor<bf16, 2> o = matmul(x.transpose(0, 1), h); }}};
+}
+
 // KILN_BENCH_ONLY=energy: each of W4's six GEMMs (bf16, plain) back to back under the power limit,
 // as the heuristic picks its config and with one thing changed at a time: time, energy and mean
 // power per call, and the SM clock the limit holds (bench/torch_w4_gemms.py --energy: cuBLAS's).
@@ -489,13 +502,7 @@ static void gemm_energy_bench() {
   auto r = [](int64_t m, int64_t n, uint64_t seed) { return cast<bf16>(randn<f32>(Shape<2>{m, n}, seed)); };
   Tensor<bf16, 2> x = r(8192, 4096, 50), W1 = r(4096, 16384, 51), W2 = r(16384, 4096, 52), h = r(8192, 16384, 53),
                   dy = r(8192, 4096, 54);
-  const std::vector<std::pair<std::string, std::function<void()>>> gemms = {
-      {"x @ W1", [&] { Tensor<bf16, 2> o = matmul(x, W1); }},
-      {"h @ W2", [&] { Tensor<bf16, 2> o = matmul(h, W2); }},
-      {"dy @ W2.t()", [&] { Tensor<bf16, 2> o = matmul(dy, W2.transpose(0, 1)); }},
-      {"h.t() @ dy", [&] { Tensor<bf16, 2> o = matmul(h.transpose(0, 1), dy); }},
-      {"h @ W1.t()", [&] { Tensor<bf16, 2> o = matmul(h, W1.transpose(0, 1)); }},
-      {"x.t() @ h", [&] { Tensor<bf16, 2> o = matmul(x.transpose(0, 1), h); }}};
+  const auto gemms = w4_gemms(x, W1, W2, h, dy);
   using Tweak = std::function<void(codegen::GemmConfig&)>;
   // NOTE: the twenty-third session's runs also timed raster groups of 4, 128x192 tiles, 128x128
   // tiles in 6 stages, the split epilogue in 3 stages, a block a tile, and 256x128 tiles (each
@@ -624,9 +631,8 @@ static std::string w4_step_bench() {
     // The step's six GEMMs alone, plain, back to back (bench/torch_w4_gemms.py: cuBLAS's the same way):
     // what the GEMMs take at the clock the power limit holds, without the step's epilogues and sums.
     Tensor<bf16, 2> h = cast<bf16>(randn<f32>(Shape<2>{s.M, s.H}, 41)), dy = cast<bf16>(randn<f32>(Shape<2>{s.M, s.K}, 42));
-    auto six = [&] {
-      Tensor<bf16, 2> a = matmul(p.x, p.W1), b = matmul(h, p.W2), c = matmul(dy, p.W2.transpose(0, 1)),
-                      d = matmul(h.transpose(0, 1), dy), e = matmul(h, p.W1.transpose(0, 1)), f = matmul(p.x.transpose(0, 1), h);
+    auto six = [gemms = w4_gemms(p.x, p.W1, p.W2, h, dy)] {
+      for (const auto& g : gemms) g.second();
     };
     for (int r = 0; r < 3; ++r) std::printf("W4's six GEMMs, plain, round %d: back to back %8.3f ms\n", r, loop_ms(six, 100));
   }

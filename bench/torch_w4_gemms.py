@@ -79,17 +79,18 @@ def main():
     r = lambda m, n: torch.randn(m, n, device="cuda").to(torch.bfloat16)
     x, W1, W2, h, dy = r(8192, 4096), r(4096, 16384), r(16384, 4096), r(8192, 16384), r(8192, 4096)
 
+    gemms = [("x @ W1", lambda: x @ W1), ("h @ W2", lambda: h @ W2), ("dy @ W2.t()", lambda: dy @ W2.t()),
+             ("h.t() @ dy", lambda: h.t() @ dy), ("h @ W1.t()", lambda: h @ W1.t()), ("x.t() @ h", lambda: x.t() @ h)]
+
     def six():
-        return (x @ W1, h @ W2, dy @ W2.t(), h.t() @ dy, h @ W1.t(), x.t() @ h)
+        return tuple(fn() for _, fn in gemms)
 
     if "--energy" in sys.argv:
         nv, flops = Nvml(), 2.0 * 8192 * 4096 * 16384
-        gemms = [("x @ W1", lambda: x @ W1), ("h @ W2", lambda: h @ W2), ("dy @ W2.t()", lambda: dy @ W2.t()),
-                 ("h.t() @ dy", lambda: h.t() @ dy), ("h @ W1.t()", lambda: h @ W1.t()), ("x.t() @ h", lambda: x.t() @ h)]
-        for r in range(0 if "--quick" in sys.argv else 2):  # --quick: the step and the six in a row alone
+        for rnd in range(0 if "--quick" in sys.argv else 2):  # --quick: the step and the six in a row alone
             for name, fn in gemms:
                 ms, mj, w, mhz = energy_loop(nv, fn)
-                print(f"torch energy, round {r}, {name:<12} cuBLAS {ms:7.3f} ms {mj:7.1f} mJ {w:5.0f} W {mhz:4d} MHz "
+                print(f"torch energy, round {rnd}, {name:<12} cuBLAS {ms:7.3f} ms {mj:7.1f} mJ {w:5.0f} W {mhz:4d} MHz "
                       f"{flops / ms / 1e9:5.0f} TFLOP/s {mj * 1e9 / flops:5.2f} pJ/flop", flush=True)
         # The W4 step itself (torch_anchor.py's MLP), eager and torch.compile's default mode.
         F, g = torch.nn.functional, torch.Generator(device="cuda").manual_seed(40)
@@ -103,13 +104,13 @@ def main():
 
         for label, f in (("eager", fwd), ("torch.compile", torch.compile(fwd))):
             step = lambda: torch.autograd.grad(f(xs, *P), [xs] + P)
-            for r in range(2):
+            for rnd in range(2):
                 ms, mj, w, mhz = energy_loop(nv, step)
-                print(f"torch energy, round {r}, W4 step, {label:<13}: {ms:7.3f} ms {mj:7.1f} mJ {w:5.0f} W {mhz:4d} MHz "
+                print(f"torch energy, round {rnd}, W4 step, {label:<13}: {ms:7.3f} ms {mj:7.1f} mJ {w:5.0f} W {mhz:4d} MHz "
                       f"{mj * 1e9 / (6 * flops):5.2f} pJ/flop", flush=True)
-        for r in range(2):
+        for rnd in range(2):
             ms, mj, w, mhz = energy_loop(nv, six)
-            print(f"torch energy, round {r}, the six back to back, cuBLAS: {ms:7.3f} ms {mj:7.1f} mJ {w:5.0f} W {mhz:4d} MHz "
+            print(f"torch energy, round {rnd}, the six back to back, cuBLAS: {ms:7.3f} ms {mj:7.1f} mJ {w:5.0f} W {mhz:4d} MHz "
                   f"{mj * 1e9 / (6 * flops):5.2f} pJ/flop", flush=True)
         return
     for i in range(3):
