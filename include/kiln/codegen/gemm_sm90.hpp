@@ -118,7 +118,7 @@ class WgmmaWriter {
     // the staged epilogue's loads. NOTE: ptxas allocates no more than the launch's 168 per
     // thread after an increase, and keeps code after a decrease within it, so a split
     // config, whose producer warpgroup also runs the epilogue, keeps 168 everywhere.
-    s += std::string("  if (wg == 0) {\n") + (split ? "" : "    kiln_regs_dec<40>();\n") + "    if (threadIdx.x == 0) {\n      int g = 0;\n" +
+    s += std::string("  if (wg == 0) {\n") + (split ? "" : "    kiln_regs_dec<40>();\n") + "    if (threadIdx.x == 0) {\n      unsigned g = 0;\n" +
          tiles_open("      ");
     s += "      for (int kt = " + KB + "; kt < " + KE + "; ++kt, ++g) {\n        const int s = g % STAGES, k0 = kt * BK;\n";
     s += "        if (g >= STAGES) kiln_mbar_wait(empty0 + 8 * s, (g / STAGES - 1) & 1);\n";
@@ -141,16 +141,24 @@ class WgmmaWriter {
     if (split) s += "    else if (threadIdx.x >= 128 - EPI) {\n" + split_epilogue(tiles_open, tiles_close) + "    }\n";
     s += std::string("  } else {\n") + (split ? "" : "    kiln_regs_inc<232>();\n");
     s += "    const int c = wg - 1, w = (threadIdx.x / 32) % 4;\n";
-    s += std::string("    float d[BN / 2];\n    int g = 0;\n") + (split ? "    int tiles_done = 0;\n" : "") + tiles_open("    ");
+    // The shared-memory descriptors of stage 0, built once: a stage's and a K16 step's are these
+    // plus their byte offset / 16 (the start address field, bits 0-13, never carries: shared
+    // memory ends below 256 KB). NOTE: built from the address at every K16 step they made the
+    // consumers' loop 86 instructions a K step (SASS, W4's h @ W2 on an H200), and the GEMM
+    // execute 65% more instructions than cuBLAS's (ncu; docs/benchmarks.md, twenty-third session).
+    auto desc = [](bool k_major, const std::string& base) {
+      return k_major ? "kiln_wgmma_desc(" + base + ", 16, 1024)" : "kiln_wgmma_desc(" + base + ", 8192, 1024)";
+    };
+    s += "    const unsigned long long da0 = " + desc(o_.a_k_major, "sA + c * 8192") + ", db0 = " + desc(o_.b_k_major, "sB") + ";\n";
+    s += std::string("    float d[BN / 2];\n    unsigned g = 0;\n") + (split ? "    int tiles_done = 0;\n" : "") + tiles_open("    ");
     s += "#pragma unroll\n    for (int i = 0; i < BN / 2; ++i) d[i] = 0.f;\n";
     s += "    for (int kt = " + KB + "; kt < " + KE + "; ++kt, ++g) {\n      const int s = g % STAGES;\n";
     s += "      kiln_mbar_wait(full0 + 8 * s, (g / STAGES) & 1);\n";
-    s += "      const uint32_t a = sA + s * A_STAGE + c * 8192, b = sB + s * B_STAGE;\n      kiln_wgmma_fence();\n";
+    s += "      const unsigned long long das = da0 + s * (A_STAGE / 16), dbs = db0 + s * (B_STAGE / 16);\n      kiln_wgmma_fence();\n";
     s += "#pragma unroll\n      for (int ks = 0; ks < BK / KS; ++ks) {\n";
-    s += std::string("        const unsigned long long da = ") +
-         (o_.a_k_major ? "kiln_wgmma_desc(a + ks * 32, 16, 1024)" : "kiln_wgmma_desc(a + ks * 2048, 8192, 1024)") +
-         ", db = " + (o_.b_k_major ? "kiln_wgmma_desc(b + ks * 32, 16, 1024)" : "kiln_wgmma_desc(b + ks * 2048, 8192, 1024)") +
-         ";\n";
+    // A K16 step: 32 bytes on along a K-major tile's swizzled rows, 16 rows (2048 bytes) down an M/N-major one.
+    s += std::string("        const unsigned long long da = das + ks * ") + (o_.a_k_major ? "2" : "128") + ", db = dbs + ks * " +
+         (o_.b_k_major ? "2" : "128") + ";\n";
     s += mma_instruction("        ");
     s += "      }\n      kiln_wgmma_commit();\n      kiln_wgmma_wait<1>();\n";
     // The previous step's MMAs have finished reading their stage: back to the producer.
