@@ -247,6 +247,10 @@ inline std::vector<GemmConfig> gemm_candidates(DType d, int arch, bool tf32 = fa
               {K::wgmma, 128, 192, 64, 64, 192, 4}, {K::wgmma, 128, 256, 64, 64, 256, 4},
               {K::wgmma, 128, 256, 64, 64, 256, 3}, {K::wgmma, 128, 128, 64, 64, 128, 6, true},
               // Split epilogue (the producer warpgroup's idle warps): its staging takes one stage's room.
+              // NOTE: an overlapped epilogue (the consumers run a tile's epilogue a slice per K step of
+              // their next tile, between issuing the MMAs and waiting for them) made W4's step slower
+              // on an H200: 10.84-10.95 against 10.60-10.69 ms, dy @ W2.t() * gelu'(pre) 2.09 against
+              // 1.85 ms (branch gemm-overlap-epilogue; docs/benchmarks.md, twenty-fourth session).
               {K::wgmma, 128, 256, 64, 64, 256, 3, true, true}, {K::wgmma, 128, 192, 64, 64, 192, 4, true, true}};
   if (gemm_has_mma(d, arch)) {
     std::vector<GemmConfig> ampere = {{K::mma, 128, 128, 32, 64, 64, 4}, {K::mma, 128, 128, 32, 64, 64, 3}, {K::mma, 128, 128, 32, 64, 64, 5},
