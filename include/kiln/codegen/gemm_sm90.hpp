@@ -145,7 +145,8 @@ class WgmmaWriter {
     // plus their byte offset / 16 (the start address field, bits 0-13, never carries: shared
     // memory ends below 256 KB). NOTE: built from the address at every K16 step they made the
     // consumers' loop 86 instructions a K step (SASS, W4's h @ W2 on an H200), and the GEMM
-    // execute 65% more instructions than cuBLAS's (ncu; docs/benchmarks.md, twenty-third session).
+    // execute 65% more instructions than cuBLAS's; built once, 58 and 16% more, the time about
+    // the same (ncu; docs/benchmarks.md, twenty-third and twenty-fourth sessions).
     auto desc = [](bool k_major, const std::string& base) {
       return k_major ? "kiln_wgmma_desc(" + base + ", 16, 1024)" : "kiln_wgmma_desc(" + base + ", 8192, 1024)";
     };
