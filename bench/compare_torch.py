@@ -15,7 +15,8 @@ import sys
 NAMES = {"W1 gelu chain f32": "W1", "W2 softmax f32": "W2", "W3 layer_norm bf16": "W3",
          "W8 sum f32": "W8a", "W8 var_mean f32": "W8b", "W8 sum+var_mean f32": "W8c", "W7 small MLP f32": "W7",
          "W4 MLP step bf16": "W4", "softmax f32 [2048,65536] long rows": "softmax_long",
-         "x*w+b bf16 [16384,4096]": "bias_rows"}
+         "x*w+b bf16 [16384,4096]": "bias_rows", "sum(x, 0) bf16 [8192,16384]": "colsum_16384",
+         "sum(x, 0) bf16 [8192,4096]": "colsum_4096"}
 
 
 def load(path):

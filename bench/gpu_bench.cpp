@@ -901,6 +901,22 @@ int main(int argc, char** argv) {
             time_ms([&] { auto o = eval_eager(sum(x, -1)); }), double(R) * C * 4 + R * 4.0, max_rel(ss, rs),
             kernel_count(Mode::fused, sum(x, -1))});
   }
+  // W4's bias gradients: column sums of dh (db1) and of dy (db2), bf16 in and out, f32 sums.
+  // NOTE: in the W4 step on an H200 they took 76-81 and 36-46 us (KILN_PROFILE; docs/benchmarks.md,
+  // twenty-fourth session), about twice a copy of their bytes: these rows time them alone, beside
+  // torch's x.sum(0) (bench/torch_rows.py).
+  for (int64_t C : {int64_t(16384), int64_t(4096)}) {
+    const std::string name = "sum(x, 0) bf16 [8192," + std::to_string(C) + "]";
+    if (!wanted(name.c_str())) continue;
+    const int64_t R = 8192;
+    Tensor<bf16, 2> x = cast<bf16>(randn<f32>(Shape<2>{R, C}, 21));
+    Tensor<bf16, 1> s = sum(x, 0);
+    auto xv = x.to_vector();
+    std::vector<double> ref(static_cast<size_t>(C), 0.0);
+    for (size_t i = 0; i < xv.size(); ++i) ref[i % size_t(C)] += xv[i];
+    report({name, time_ms([&] { Tensor<bf16, 1> o = sum(x, 0); }), time_ms([&] { auto o = eval_eager(sum(x, 0)); }),
+            double(R) * C * 2 + C * 2.0, max_rel(s.to_vector(), ref), kernel_count(Mode::fused, sum(x, 0))});
+  }
   if (const char* name = "sum((y+b)^2) bf16 [8192,4096] (2 dims)"; wanted(name)) {
     // The W4 loss's kernel: a sum over two dims that the bias b, broadcast over the rows, keeps
     // apart (16-byte chunks within rows, split across blocks).

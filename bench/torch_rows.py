@@ -2,7 +2,8 @@
 # kiln — header-only C++20 tensor compiler.
 # SPDX-License-Identifier: Apache-2.0
 """PyTorch eager and torch.compile on gpu_bench's rows that torch_anchor.py does not have
-(softmax over rows too long to keep in registers; a bf16 weight and bias along rows), timed
+(softmax over rows too long to keep in registers; a bf16 weight and bias along rows; W4's bias
+gradients' column sums), timed
 as gpu_bench times kiln: CUDA events, L2 flushed before each call, median of 20 after 3
 warm-ups. Writes JSON lines
 {"type": "workload", "workload", "modes": {"eager": {"ms"}, "default": {"ms"}}} to argv[1]
@@ -34,6 +35,9 @@ def main():
     xb = torch.randn(16384, 4096, device="cuda").bfloat16()
     w, b = torch.randn(4096, device="cuda").bfloat16(), torch.randn(4096, device="cuda").bfloat16()
     out.append(row("x*w+b bf16 [16384,4096]", "bias_rows", lambda t, u, v: t * u + v, (xb, w, b)))
+    for c in (16384, 4096):  # W4's bias gradients: column sums
+        out.append(row(f"sum(x, 0) bf16 [8192,{c}]", f"colsum_{c}", lambda t: t.sum(0),
+                       (torch.randn(8192, c, device="cuda").bfloat16(),)))
     write_jsonl(out)
 
 
