@@ -3,9 +3,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """PyTorch eager and torch.compile on gpu_bench's rows that torch_anchor.py does not have
 (softmax over rows too long to keep in registers; a bf16 weight and bias along rows; W4's bias
-gradients' column sums), timed
-as gpu_bench times kiln: CUDA events, L2 flushed before each call, median of 20 after 3
-warm-ups. Writes JSON lines
+gradients' column sums), timed as gpu_bench times kiln: CUDA events, L2 flushed before each
+call, median of 20 after 3 warm-ups. Writes JSON lines
 {"type": "workload", "workload", "modes": {"eager": {"ms"}, "default": {"ms"}}} to argv[1]
 (if given); compare_torch.py sets them beside kiln's.
 
