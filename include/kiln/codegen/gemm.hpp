@@ -240,6 +240,10 @@ inline std::vector<GemmConfig> gemm_candidates(DType d, int arch, bool tf32 = fa
     // NOTE: with every GEMM forced to each config in one process on an H200, the W4 step took
     // 10.21 ms with the persistent 128x256 kernel, 10.80 ms with the 4-stage one
     // (KILN_BENCH_GEMM_SWEEP=1 gpu_bench); across machines the step varied as much.
+    // NOTE: ping-pong consumers (each warpgroup whole 128x128 or 64x256 tiles in turn, one's
+    // epilogue beside the other's MMAs) made W4's step slower on an H200: 10.72-11.02 against
+    // 10.27-10.55 ms on its two GEMMs with gelu, 11.58-11.86 on all six (branch gemm-pingpong;
+    // docs/benchmarks.md, twenty-fifth session).
     // NOTE: stream_k is left off: on an H200 it made W4's GEMMs with K = 16384 27% slower
     // (h @ W2 1.39 -> 1.76 ms), the rest 0-5%, the step 10.74 -> 11.55 ms: blocks working at
     // different K offsets no longer share A's and B's panels in L2 (KILN_BENCH_GEMM_STREAMK).
