@@ -146,6 +146,7 @@ class Tracer {
   // Marks node `id` as a gradient seed (the scheduler tells forward from backward by it).
   void mark_tangent(int id) {
     g_.tangents.push_back(id);
+    backward_[size_t(id)] = 1;
     sig_.add(uint32_t(0x7a6e)).add(id);
   }
   // Keeps an expression built during tracing alive as long as the graph.
@@ -188,6 +189,9 @@ class Tracer {
       }, e.children);
       Node n = base<T>(T::op, e.shape);
       set_attrs(n, e.attrs);
+      if constexpr (T::op == Prim::mul || T::op == Prim::add) {
+        if (int f = factor_tangent(n, ids[0], ids[1]); f >= 0) return f;
+      }
       if constexpr (T::op == Prim::view) {
         if (int folded = fold_view(n, ids[0]); folded >= 0) return folded;
         if (int repeat = fold_repeat(n, ids[0]); repeat >= 0) return repeat;
@@ -296,6 +300,48 @@ class Tracer {
     return add(std::move(e), {one});
   }
 
+  // A gradient's products with the cotangent factored out (autograd's terms come in as chains
+  // of products, the cotangent anywhere in them): a product of a backward value (one that
+  // depends on a gradient seed) and a forward one becomes cotangent x (forward product), and a
+  // sum of two such products of the same cotangent becomes cotangent x (sum of the forward
+  // factors). So the backward reads one forward value per cotangent where it read several:
+  // gelu's derivative u -> 0.5 (1 + erf(u k)) + u k' exp(-(u k)^2) is one value, which the
+  // forward can store where it computes erf(u k) anyway (sched/remat.hpp decides).
+  // Exact algebra; the float products associate differently.
+  int factor_tangent(const Node& n, int a, int b) {
+    const bool ba = backward_[size_t(a)], bb = backward_[size_t(b)];
+    auto node_of = [&](int id) -> const Node& { return g_.nodes[size_t(id)]; };
+    // Canonical product: mul(cotangent factor, forward factor), as this function leaves them.
+    auto split = [&](int id, int& t, int& f) {
+      const Node& x = node_of(id);
+      if (x.op != Prim::mul || x.dtype != n.dtype) return false;
+      t = g_.arg(x, 0), f = g_.arg(x, 1);
+      return backward_[size_t(t)] && !backward_[size_t(f)];
+    };
+    auto binary = [&](Prim op, int p, int q) {
+      const Node &np = node_of(p), &nq = node_of(q);
+      Node m{};
+      m.op = op, m.dtype = n.dtype, m.rank = std::max(np.rank, nq.rank);
+      for (int i = 0; i < m.rank; ++i) {  // right-aligned broadcast, as expr.hpp's broadcast_shapes
+        const int ip = i - (m.rank - np.rank), iq = i - (m.rank - nq.rank);
+        const int64_t sp = ip >= 0 ? np.shape[size_t(ip)] : 1, sq = iq >= 0 ? nq.shape[size_t(iq)] : 1;
+        m.shape[size_t(i)] = sp == 1 ? sq : sp;
+        if (m.shape[size_t(i)] == 1) m.ones |= 1u << i;
+      }
+      return add(std::move(m), {p, q});
+    };
+    int t, f, t2, f2;
+    if (n.op == Prim::mul && ba != bb) {
+      const int tb = ba ? a : b, fw = ba ? b : a;
+      if (node_of(fw).dtype != n.dtype) return -1;
+      if (split(tb, t, f)) return binary(Prim::mul, t, binary(Prim::mul, f, fw));
+      return ba ? -1 : binary(Prim::mul, tb, fw);  // the cotangent first
+    }
+    if (n.op == Prim::add && ba && bb && split(a, t, f) && split(b, t2, f2) && t == t2)
+      return binary(Prim::mul, t, binary(Prim::add, f, f2));
+    return -1;
+  }
+
   // Whether a node's value lies in row-major order: a buffer a kernel writes, or a reshape
   // of one (this rule holds for every reshape's operand). A leaf here failed to fold: not.
   bool contiguous_value(int id) const {
@@ -328,6 +374,9 @@ class Tracer {
     n.arg0 = int32_t(g_.args.size()), n.nargs = uint8_t(ids.size());
     g_.args.insert(g_.args.end(), ids.begin(), ids.end());
     int id = int(g_.nodes.size());
+    uint8_t backward = 0;
+    for (int a : ids) backward |= backward_[size_t(a)];
+    backward_.push_back(backward);
     g_.nodes.push_back(std::move(n));
     seen_.insert(fp, id);
     return id;
@@ -384,6 +433,7 @@ class Tracer {
   }
 
   Graph g_;
+  std::vector<uint8_t> backward_;  // per node: depends on a gradient seed (factor_tangent)
   Hasher sig_;
   FingerprintIndex seen_;
   int storages_ = 0;

@@ -98,21 +98,53 @@ inline std::vector<uint8_t> backward_nodes(const ir::Graph& g) {
     for (int a = 0; a < g.nodes[id].nargs; ++a) bwd[id] |= bwd[size_t(g.arg(g.nodes[id], a))];
   return bwd;
 }
+// Per node: 1 where an output is computed from it (the tracer's rewrites leave nodes that none is).
+inline std::vector<uint8_t> live_nodes(const ir::Graph& g) {
+  std::vector<uint8_t> live(g.nodes.size(), 0);
+  for (int o : g.outputs) live[size_t(o)] = 1;
+  for (size_t id = g.nodes.size(); id-- > 0;)
+    if (live[id])
+      for (int a = 0; a < g.nodes[id].nargs; ++a) live[size_t(g.arg(g.nodes[id], a))] = 1;
+  return live;
+}
 // Per node: 1 where a forward value is an operand of a backward node (what a gradient
 // rule reads: everything PyTorch's eager autograd would save).
 inline std::vector<uint8_t> backward_reads(const ir::Graph& g, const std::vector<uint8_t>& bwd) {
   std::vector<uint8_t> reads(g.nodes.size(), 0);
+  auto live = live_nodes(g);
   for (size_t id = 0; id < g.nodes.size(); ++id)
-    if (bwd[id])
+    if (bwd[id] && live[id])
       for (int a = 0; a < g.nodes[id].nargs; ++a)
         if (int c = g.arg(g.nodes[id], a); !bwd[size_t(c)]) reads[size_t(c)] = 1;
   return reads;
 }
 
-// The minimum cut described at the top. in_memory: per node, the plan stores it anyway.
+// A matmul output that only pointwise nodes read and that is no output of the graph: its
+// kernel's epilogue computes them from it without storing it, so saving it costs a write too.
+inline std::vector<uint8_t> epilogue_only_matmuls(const ir::Graph& g) {
+  std::vector<uint8_t> only(g.nodes.size(), 0);
+  for (size_t id = 0; id < g.nodes.size(); ++id) only[id] = g.nodes[id].op == Prim::matmul;
+  for (const ir::Node& nd : g.nodes)
+    for (int a = 0; a < nd.nargs; ++a)
+      if (!is_pointwise(nd.op)) only[size_t(g.arg(nd, a))] = 0;
+  for (int o : g.outputs) only[size_t(o)] = 0;
+  return only;
+}
+
+// Transcendental pointwise ops: tens of instructions an element where arithmetic takes one.
+inline bool is_transcendental(Prim op) {
+  return op == Prim::exp || op == Prim::exp2 || op == Prim::log || op == Prim::log2 || op == Prim::sin || op == Prim::cos ||
+         op == Prim::tanh || op == Prim::erf || op == Prim::pow;
+}
+
+// The minimum cut described at the top. Bytes decide; among cuts of the same bytes, the one
+// that recomputes the fewest transcendental ops (each recomputed one costs a unit below a
+// byte's worth): W4's backward saves gelu'(u), which the forward computes beside erf(u k)
+// anyway, not x @ W1 to compute erf and exp from again. in_memory: per node, the plan stores it anyway.
 inline Remat partition(const ir::Graph& g, const std::vector<uint8_t>& in_memory) {
   const size_t n = g.nodes.size();
   auto bwd = backward_nodes(g);
+  auto epilogue_only = epilogue_only_matmuls(g);
   auto reads = backward_reads(g, bwd);
   std::vector<uint8_t> needed(reads);  // forward values the backward's reads are computed from
   for (size_t id = n; id-- > 0;)
@@ -120,6 +152,7 @@ inline Remat partition(const ir::Graph& g, const std::vector<uint8_t>& in_memory
       for (int a = 0; a < g.nodes[id].nargs; ++a) needed[size_t(g.arg(g.nodes[id], a))] = 1;
 
   using detail::MaxFlow;
+  constexpr int64_t kByte = 1024;  // capacity units per byte; a recomputed transcendental op costs 1
   const int source = int(2 * n), sink = source + 1;
   auto in = [](size_t id) { return int(2 * id); };
   auto out = [](size_t id) { return int(2 * id + 1); };
@@ -128,13 +161,17 @@ inline Remat partition(const ir::Graph& g, const std::vector<uint8_t>& in_memory
     if (!needed[id]) continue;
     const ir::Node& nd = g.nodes[id];
     bool constant = nd.op == Prim::scalar || nd.op == Prim::iota || nd.op == Prim::rand;
-    if (nd.op == Prim::input || in_memory[id]) {
-      f.edge(in(id), out(id), value_bytes(nd));  // one read
+    if (epilogue_only[id]) {
+      f.edge(in(id), out(id), 2 * kByte * value_bytes(nd));  // computed in the forward; saved: written and read
+      f.edge(source, in(id), MaxFlow::kInf);
+    } else if (nd.op == Prim::input || in_memory[id]) {
+      f.edge(in(id), out(id), kByte * value_bytes(nd));  // one read
       f.edge(source, in(id), MaxFlow::kInf);
     } else if (constant || nd.op == Prim::view) {
       f.edge(in(id), out(id), MaxFlow::kInf);  // costs nothing to recompute / not a value of its own
     } else {
-      f.edge(in(id), out(id), 2 * value_bytes(nd));  // written in the forward, read in the backward
+      f.edge(in(id), out(id), 2 * kByte * value_bytes(nd));  // written in the forward, read in the backward
+      if (is_transcendental(nd.op)) f.edge(source, in(id), 1);  // paid where the backward computes it again
     }
     for (int a = 0; a < nd.nargs; ++a) f.edge(out(size_t(g.arg(nd, a))), in(id), MaxFlow::kInf);
     if (reads[id]) f.edge(out(id), sink, MaxFlow::kInf);
