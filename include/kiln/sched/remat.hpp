@@ -122,11 +122,11 @@ inline std::vector<uint8_t> backward_reads(const ir::Graph& g, const std::vector
 // A matmul output that only pointwise nodes read and that is no output of the graph: its
 // kernel's epilogue computes them from it without storing it, so saving it costs a write too.
 inline std::vector<uint8_t> epilogue_only_matmuls(const ir::Graph& g) {
-  std::vector<uint8_t> only(g.nodes.size(), 0);
+  std::vector<uint8_t> only(g.nodes.size(), 0), live = live_nodes(g);
   for (size_t id = 0; id < g.nodes.size(); ++id) only[id] = g.nodes[id].op == Prim::matmul;
-  for (const ir::Node& nd : g.nodes)
-    for (int a = 0; a < nd.nargs; ++a)
-      if (!is_pointwise(nd.op)) only[size_t(g.arg(nd, a))] = 0;
+  for (size_t id = 0; id < g.nodes.size(); ++id)
+    for (int a = 0; live[id] && a < g.nodes[id].nargs; ++a)
+      if (!is_pointwise(g.nodes[id].op)) only[size_t(g.arg(g.nodes[id], a))] = 0;
   for (int o : g.outputs) only[size_t(o)] = 0;
   return only;
 }

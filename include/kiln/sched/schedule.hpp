@@ -181,7 +181,12 @@ class Scheduler {
     is_output_.assign(n, 0);
     for (int o : g.outputs) is_output_[size_t(o)] = 1;
     operand_.assign(n, 0), uses_.assign(n, 0);
-    for (const ir::Node& m : g.nodes) {
+    // Nodes no output is computed from (the tracer's rewrites leave some: ir::Tracer::factor_tangent)
+    // are neither computed nor counted as readers.
+    live_ = live_nodes(g);
+    for (size_t id = 0; id < n; ++id) {
+      if (!live_[id]) continue;
+      const ir::Node& m = g.nodes[id];
       for (int a = 0; a < m.nargs; ++a) ++uses_[size_t(g.arg(m, a))];
       if (m.op == Prim::matmul) operand_[size_t(g.arg(m, 0))] = operand_[size_t(g.arg(m, 1))] = 1;
     }
@@ -210,6 +215,7 @@ class Scheduler {
   void mark_materialized() {
     auto& m = plan_.materialize;
     for (size_t id = 0; id < g_.nodes.size(); ++id) {
+      if (!live_[id]) continue;
       const ir::Node& n = g_.nodes[id];
       PrimKind k = prim_info(n.op).kind;
       if (k == PrimKind::reduce || n.op == Prim::matmul || n.op == Prim::concat || n.op == Prim::pad) m[id] = 1;
@@ -608,6 +614,7 @@ class Scheduler {
   std::vector<std::vector<int>> producers_;
   std::vector<int> kernel_of_;
   std::vector<uint8_t> is_output_;
+  std::vector<uint8_t> live_;     // per node: an output is computed from it
   std::vector<uint8_t> operand_;  // per node: an operand of a matmul
   std::vector<int> uses_;         // per node: arguments of other nodes that name it
 };
