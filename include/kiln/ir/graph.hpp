@@ -122,6 +122,7 @@ class Tracer {
  public:
   Tracer() {  // room for a small expression: one allocation per array
     g_.nodes.reserve(8);
+    backward_.reserve(8);
     g_.args.reserve(8);
     memo_.reserve(8);
   }
