@@ -11,11 +11,12 @@
 // it from values further up. Pointwise arithmetic is free next to memory traffic, so a
 // choice costs the bytes it moves: a value in memory anyway (a leaf tensor, a matmul or
 // reduction output, a matmul operand, an output) costs one read; any other pointwise
-// value costs its write in the forward plus its read in the backward. Matmuls,
-// reductions, concat and pad are never recomputed. The cheapest set of values that cuts
-// every path from what the forward has in memory to what the backward reads is a
-// minimum cut of the DAG with node capacities (each node split in -> out), found by
-// max-flow; it is exact for this cost model, whatever the graph.
+// value, and a matmul output that only its epilogue reads, costs its write in the forward
+// plus its read in the backward. Matmuls, reductions, concat and pad are never recomputed;
+// among choices of the same bytes, the one that recomputes the fewest transcendental ops.
+// The cheapest set of values that cuts every path from what the forward has in memory to
+// what the backward reads is a minimum cut of the DAG with node capacities (each node
+// split in -> out), found by max-flow; it is exact for this cost model, whatever the graph.
 // NOTE: bytes are this graph's sizes. A plan is built once per signature, so other sizes
 // reuse the choice, as torch.compile's partitioner decides on its size hints.
 #pragma once
