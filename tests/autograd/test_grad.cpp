@@ -324,6 +324,32 @@ TEST_CASE("grad: 2-layer MLP against a float64 hand derivation, one fused plan")
     if (v.shape == std::vector<int64_t>{N, H}) CHECK(first.find("%" + std::to_string(v.node) + ":" + v.op) != std::string::npos);
 }
 
+TEST_CASE("grad: the tracer factors the cotangent out of a rule's products, so the backward reads one forward value") {
+  KILN_TEST_RNG(rng);
+  const int64_t M = 9, N = 7;
+  auto x = input<f64, 2>(rng, {M, N}, Layout::contiguous, Values{-1, 1});
+  auto w = input<f64, 2>(rng, {M, N}, Layout::transposed, Values{-1, 1});
+  // d/dx sum(x exp(x) w) = g w exp(x) + g x exp(x) w, g the cotangent: two products of g,
+  // read as g (w exp(x) + x exp(x) w); the finite differences check the rewritten sum.
+  auto f = [](const auto& x, const auto& w) { return sum(x * kiln::exp(x) * w); };
+  check_grad("sum(x * exp(x) * w)", f, x.t, w.t);
+  auto loss = f(x.t, w.t);
+  auto [gx] = kiln::grad(loss, x.t);
+  auto mem = explain_memory(loss, gx);
+  MESSAGE(mem.str());
+  // What the rule reads from the forward: that one sum, not exp(x), x and w apart.
+  CHECK(mem.naive_bytes == M * N * 8);
+  // Saving it (a write and a read) moves the bytes that reading x and w again would; it is
+  // saved, so that the backward computes no exp.
+  REQUIRE(mem.saved.size() == 1);
+  CHECK(mem.saved[0].op == "add");
+  CHECK(mem.recomputed.empty());
+  auto [l, G] = kiln::eval(loss, gx);
+  Array got = read(G);
+  for (size_t i = 0; i < got.v.size(); ++i)
+    CHECK(got.v[i] == doctest::Approx(w.a.v[i] * std::exp(x.a.v[i]) * (1 + x.a.v[i])).epsilon(1e-13));
+}
+
 TEST_CASE("grad: a full reduction's gradient reaches its operand by value; a mean loss's gradient joins the GEMM it reads") {
   KILN_TEST_RNG(rng);
   const int64_t M = 9, K = 6, H = 11;
