@@ -310,6 +310,7 @@ class Tracer {
   // forward can store where it computes erf(u k) anyway (sched/remat.hpp decides).
   // Exact algebra; the float products associate differently.
   int factor_tangent(const Node& n, int a, int b) {
+    if (g_.tangents.empty()) return -1;  // no gradient traced yet: nothing depends on a seed
     const bool ba = backward_[size_t(a)], bb = backward_[size_t(b)];
     auto node_of = [&](int id) -> const Node& { return g_.nodes[size_t(id)]; };
     // Canonical product: mul(cotangent factor, forward factor), as this function leaves them.

@@ -108,11 +108,10 @@ inline std::vector<uint8_t> live_nodes(const ir::Graph& g) {
       for (int a = 0; a < g.nodes[id].nargs; ++a) live[size_t(g.arg(g.nodes[id], a))] = 1;
   return live;
 }
-// Per node: 1 where a forward value is an operand of a backward node (what a gradient
+// Per node: 1 where a forward value is an operand of a live backward node (what a gradient
 // rule reads: everything PyTorch's eager autograd would save).
-inline std::vector<uint8_t> backward_reads(const ir::Graph& g, const std::vector<uint8_t>& bwd) {
+inline std::vector<uint8_t> backward_reads(const ir::Graph& g, const std::vector<uint8_t>& bwd, const std::vector<uint8_t>& live) {
   std::vector<uint8_t> reads(g.nodes.size(), 0);
-  auto live = live_nodes(g);
   for (size_t id = 0; id < g.nodes.size(); ++id)
     if (bwd[id] && live[id])
       for (int a = 0; a < g.nodes[id].nargs; ++a)
@@ -122,8 +121,8 @@ inline std::vector<uint8_t> backward_reads(const ir::Graph& g, const std::vector
 
 // A matmul output that only pointwise nodes read and that is no output of the graph: its
 // kernel's epilogue computes them from it without storing it, so saving it costs a write too.
-inline std::vector<uint8_t> epilogue_only_matmuls(const ir::Graph& g) {
-  std::vector<uint8_t> only(g.nodes.size(), 0), live = live_nodes(g);
+inline std::vector<uint8_t> epilogue_only_matmuls(const ir::Graph& g, const std::vector<uint8_t>& live) {
+  std::vector<uint8_t> only(g.nodes.size(), 0);
   for (size_t id = 0; id < g.nodes.size(); ++id) only[id] = g.nodes[id].op == Prim::matmul;
   for (size_t id = 0; id < g.nodes.size(); ++id)
     for (int a = 0; live[id] && a < g.nodes[id].nargs; ++a)
@@ -145,8 +144,9 @@ inline bool is_transcendental(Prim op) {
 inline Remat partition(const ir::Graph& g, const std::vector<uint8_t>& in_memory) {
   const size_t n = g.nodes.size();
   auto bwd = backward_nodes(g);
-  auto epilogue_only = epilogue_only_matmuls(g);
-  auto reads = backward_reads(g, bwd);
+  auto live = live_nodes(g);
+  auto epilogue_only = epilogue_only_matmuls(g, live);
+  auto reads = backward_reads(g, bwd, live);
   std::vector<uint8_t> needed(reads);  // forward values the backward's reads are computed from
   for (size_t id = n; id-- > 0;)
     if (needed[id])
@@ -162,11 +162,10 @@ inline Remat partition(const ir::Graph& g, const std::vector<uint8_t>& in_memory
     if (!needed[id]) continue;
     const ir::Node& nd = g.nodes[id];
     bool constant = nd.op == Prim::scalar || nd.op == Prim::iota || nd.op == Prim::rand;
-    if (epilogue_only[id]) {
-      f.edge(in(id), out(id), 2 * kByte * value_bytes(nd));  // computed in the forward; saved: written and read
-      f.edge(source, in(id), MaxFlow::kInf);
-    } else if (nd.op == Prim::input || in_memory[id]) {
-      f.edge(in(id), out(id), kByte * value_bytes(nd));  // one read
+    if (epilogue_only[id] || nd.op == Prim::input || in_memory[id]) {
+      // One read; a matmul output its epilogue alone reads is computed in the forward, and
+      // saving it is a write and a read.
+      f.edge(in(id), out(id), (epilogue_only[id] ? 2 : 1) * kByte * value_bytes(nd));
       f.edge(source, in(id), MaxFlow::kInf);
     } else if (constant || nd.op == Prim::view) {
       f.edge(in(id), out(id), MaxFlow::kInf);  // costs nothing to recompute / not a value of its own
@@ -226,7 +225,7 @@ inline MemoryReport memory_report(const ir::Graph& g, const Remat& r) {
   for (int id : r.saved) m.saved.push_back(value(id)), m.saved_bytes += m.saved.back().bytes;
   for (int id : r.recomputed) m.recomputed.push_back(value(id));
   auto bwd = backward_nodes(g);
-  auto reads = backward_reads(g, bwd);
+  auto reads = backward_reads(g, bwd, live_nodes(g));
   for (size_t id = 0; id < g.nodes.size(); ++id) {
     Prim op = g.nodes[id].op;
     if (reads[id] && op != Prim::scalar && op != Prim::iota && op != Prim::rand) m.naive_bytes += value_bytes(g.nodes[id]);
