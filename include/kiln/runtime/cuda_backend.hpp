@@ -60,6 +60,8 @@ struct CudaDeviceApi : GpuDeviceApi<DeviceKind::cuda, codegen::GpuDialect::cuda>
         strides[0] = uint64_t(s.pitch) * es, strides[1] = uint64_t(s.rows * s.pitch) * es;
       }
       unsigned box[3] = {unsigned(128 / es), k_major ? k_major_rows : unsigned(v.gemm.bk), 1}, unit[3] = {1, 1, 1};
+      // NOTE: an L2 promotion of 256 B (DeepGEMM's) instead of 128 B made no difference to W4's
+      // GEMMs or step on an H200 (docs/benchmarks.md, twenty-sixth session).
       int r = api.cuTensorMapEncodeTiled(&map, es == 4 ? cu::kTensorMapFloat32 : cu::kTensorMapUint16, 3, base, dims, strides, box,
                                          unit, 0, cu::kTensorMapSwizzle128B, cu::kTensorMapL2Promotion128B, 0);
       if (r != cu::kSuccess)
