@@ -584,6 +584,9 @@ class Scheduler {
   }
 
   // Kernels in dependency order (stable: creation order where free).
+  // NOTE: running each reduction right after the kernels that write its input (while the L2
+  // holds part of it) made no difference to W4's step on an H200 (branch sched-locality;
+  // docs/benchmarks.md, twenty-sixth session).
   void order() {
     size_t n = plan_.kernels.size();
     std::vector<int> state(n, 0), out;
