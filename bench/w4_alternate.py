@@ -7,7 +7,9 @@ the GPU's power limit and its time drifts as the GPU warms, so a comparison from
 kiln run followed by one torch run favours whichever ran on the cooler GPU; here each
 side's figures come from every round, and every pair is printed.
 
-usage: w4_alternate.py kiln-1.jsonl torch-1/results.jsonl [kiln-2.jsonl torch-2/results.jsonl ...]
+usage: w4_alternate.py [--mode MODE] kiln-1.jsonl torch-1/results.jsonl [kiln-2.jsonl torch-2/results.jsonl ...]
+MODE is torch.compile's mode the torch runs timed (default "default"; the matmul issue's goal
+is against "max-autotune").
 """
 import json
 import statistics
@@ -23,17 +25,20 @@ def first(path, pred):
 
 
 def main():
-    paths = sys.argv[1:]
+    paths, mode = sys.argv[1:], "default"
+    if paths[:1] == ["--mode"] and len(paths) > 1:
+        mode, paths = paths[1], paths[2:]
     if not paths or len(paths) % 2:
         sys.exit(__doc__)
+    tc_name = "torch.compile" + ("" if mode == "default" else f" ({mode})")
     print("| round | kiln fused ms (median of 3 rounds) | kiln smallest round | kiln as torch_anchor times | kiln back to back "
-          "| torch.compile ms (smaller of 2 medians) | torch.compile back to back | ratio | ratio, same timing | ratio, back to back |")
+          f"| {tc_name} ms (smaller of 2 medians) | {tc_name} back to back | ratio | ratio, same timing | ratio, back to back |")
     print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
     kiln_all, torch_all, kiln_loop, torch_loop, kiln_same, torch_same = [], [], [], [], [], []
     for i in range(0, len(paths), 2):
         k = first(paths[i], lambda r: r.get("type") == "kiln" and r.get("name") == "W4 MLP step bf16")
         t = first(paths[i + 1], lambda r: r.get("type") == "workload" and r.get("workload") == "W4")
-        tc = (t or {}).get("modes", {}).get("default", {})
+        tc = (t or {}).get("modes", {}).get(mode, {})
         if k is None or "ms" not in tc:
             print(f"| {i // 2 + 1} | {'-' if k is None else k['fused_ms']} | | | | {tc.get('skipped', tc.get('error', '-'))} | | | | |")
             continue
@@ -49,13 +54,13 @@ def main():
               f"{tc['ms']:.3f} | {num(tl)} | {ratio(tc['ms'], k['fused_ms'])} | {ratio(tc['ms'], ka)} | {ratio(tl, kl)} |")
     if kiln_all:
         km, tm = statistics.median(kiln_all), statistics.median(torch_all)
-        line = f"W4 alternated, medians over {len(kiln_all)} pairs: kiln {km:.3f} ms, torch.compile {tm:.3f} ms: {tm / km:.3f}x"
+        line = f"W4 alternated, medians over {len(kiln_all)} pairs: kiln {km:.3f} ms, {tc_name} {tm:.3f} ms: {tm / km:.3f}x"
         if kiln_same:
             ka, ta = statistics.median(kiln_same), statistics.median(torch_same)
-            line += f"; both timed as torch_anchor.py times: kiln {ka:.3f} ms, torch.compile {ta:.3f} ms: {ta / ka:.3f}x"
+            line += f"; both timed as torch_anchor.py times: kiln {ka:.3f} ms, {tc_name} {ta:.3f} ms: {ta / ka:.3f}x"
         if kiln_loop:
             kl, tl = statistics.median(kiln_loop), statistics.median(torch_loop)
-            line += f"; back to back kiln {kl:.3f} ms, torch.compile {tl:.3f} ms: {tl / kl:.3f}x"
+            line += f"; back to back kiln {kl:.3f} ms, {tc_name} {tl:.3f} ms: {tl / kl:.3f}x"
         print(line)
 
 
