@@ -443,10 +443,7 @@ class GpuKernelWriter {
     std::vector<uint8_t> taken(g_.nodes.size(), 0);
     for (int p = 0; p < passes; ++p)
       for (size_t id = 0; id < g_.nodes.size(); ++id) {
-        Prim op = g_.nodes[id].op;
-        bool costly = op == Prim::exp || op == Prim::exp2 || op == Prim::log || op == Prim::log2 || op == Prim::sin ||
-                      op == Prim::cos || op == Prim::tanh || op == Prim::erf || op == Prim::pow;
-        if (!costly || taken[id] || !at[size_t(p)][id]) continue;
+        if (!is_transcendental(g_.nodes[id].op) || taken[id] || !at[size_t(p)][id]) continue;
         for (int q = p + 1; q <= passes && !taken[id]; ++q) taken[id] = at[size_t(q)][id];
         if (taken[id]) out[size_t(p)].push_back(int(id));
       }

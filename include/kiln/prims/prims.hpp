@@ -111,5 +111,12 @@ constexpr bool is_pointwise(Prim p) {
   auto k = prim_info(p).kind;
   return k == PrimKind::unary || k == PrimKind::binary || k == PrimKind::ternary || k == PrimKind::cast;
 }
+// Transcendental: tens of instructions an element where an add is one (a GPU's special-function
+// unit and a polynomial): what a rows kernel keeps in a register rather than computes twice
+// (codegen/gpu.hpp), and what the backward recomputes only where it saves bytes (sched/remat.hpp).
+constexpr bool is_transcendental(Prim p) {
+  return p == Prim::exp || p == Prim::exp2 || p == Prim::log || p == Prim::log2 || p == Prim::sin || p == Prim::cos ||
+         p == Prim::tanh || p == Prim::erf || p == Prim::pow;
+}
 
 }  // namespace kiln

@@ -131,12 +131,6 @@ inline std::vector<uint8_t> epilogue_only_matmuls(const ir::Graph& g, const std:
   return only;
 }
 
-// Transcendental pointwise ops: tens of instructions an element where arithmetic takes one.
-inline bool is_transcendental(Prim op) {
-  return op == Prim::exp || op == Prim::exp2 || op == Prim::log || op == Prim::log2 || op == Prim::sin || op == Prim::cos ||
-         op == Prim::tanh || op == Prim::erf || op == Prim::pow;
-}
-
 // The minimum cut described at the top. Bytes decide; among cuts of the same bytes, the one
 // that recomputes the fewest transcendental ops (each recomputed one costs a unit below a
 // byte's worth): W4's backward saves gelu'(u), which the forward computes beside erf(u k)
