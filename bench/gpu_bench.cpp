@@ -15,6 +15,7 @@
 // KILN_BENCH_GEMM_SWEEP=1 also times bf16 8192^3 and the W4 step with each GEMM config forced;
 // KILN_BENCH_ONLY=small (or prologue, tf32) those rows alone, KILN_BENCH_GEMM_SMALL_SWEEP=1 each SIMT config forced.
 // KILN_BENCH_ONLY=energy: W4's GEMMs and step back to back, energy per call from NVML (torch_w4_gemms.py --energy).
+// KILN_BENCH_SPLIT_AB=1 (with KILN_BENCH_ONLY=w4): the W4 step with the split epilogue forced on its GEMMs with long epilogues.
 #include <kiln/kiln.hpp>
 #include <kiln/runtime/cuda_backend.hpp>
 
@@ -591,11 +592,11 @@ static std::string w4_step_bench() {
   // The step with every GEMM's config changed from the heuristic's by `tweak`, for each of
   // `labels`, three rounds alternated: 100 steps back to back (the clock then settles where
   // the power limit holds it), and the flushed median.
-  auto compare = [&](const std::vector<std::string>& labels, const std::function<void(codegen::GemmConfig&, size_t)>& tweak) {
+  auto compare = [&](const std::vector<std::string>& labels, const std::function<void(codegen::GemmConfig&, const codegen::GemmProblem&, size_t)>& tweak) {
     for (int r = 0; r < 3; ++r)
       for (size_t i = 0; i < labels.size(); ++i) {
         codegen::gemm_chooser() = [&tweak, i](const codegen::GemmProblem& q) {
-          return std::optional(tweaked_heuristic(q, [&](codegen::GemmConfig& c) { tweak(c, i); }));
+          return std::optional(tweaked_heuristic(q, [&](codegen::GemmConfig& c) { tweak(c, q, i); }));
         };
         double loop = loop_ms([&] { auto o = evaluate_step(Mode::fused, st); }, 100), flushed = time_ms([&] { auto o = evaluate_step(Mode::fused, st); }, 10);
         std::printf("W4 fused, round %d, GEMMs %-28s back to back %8.3f ms, flushed %8.3f ms\n", r, labels[i].c_str(), loop, flushed);
@@ -613,12 +614,26 @@ static std::string w4_step_bench() {
       if (g > 0) gs.push_back(int(g)), labels.push_back("in raster groups of " + std::to_string(g));
       c = *end ? end + 1 : end;
     }
-    compare(labels, [&gs](codegen::GemmConfig& c, size_t i) { c.group = gs[i]; });
+    compare(labels, [&gs](codegen::GemmConfig& c, const codegen::GemmProblem&, size_t i) { c.group = gs[i]; });
   }
   if (std::getenv("KILN_BENCH_GEMM_STREAMK"))  // the persistent GEMMs' last waves as whole tiles, and cut into runs of K steps
-    compare({"in whole tiles", "with stream-K"}, [](codegen::GemmConfig& c, size_t i) { c.stream_k = i == 1; });
+    compare({"in whole tiles", "with stream-K"}, [](codegen::GemmConfig& c, const codegen::GemmProblem&, size_t i) { c.stream_k = i == 1; });
   if (std::getenv("KILN_BENCH_GEMM_CLUSTER"))  // the persistent GEMMs alone, and in clusters of two sharing B's loads
-    compare({"one block each", "in clusters of 2"}, [](codegen::GemmConfig& c, size_t i) { c.cluster = i == 1 && c.persistent ? 2 : 1; });
+    compare({"one block each", "in clusters of 2"},
+            [](codegen::GemmConfig& c, const codegen::GemmProblem&, size_t i) { c.cluster = i == 1 && c.persistent ? 2 : 1; });
+  if (std::getenv("KILN_BENCH_SPLIT_AB")) {  // the split epilogue (the producer's idle warps) on the GEMMs whose epilogue is long
+    // x @ W1 (+ b1, gelu, gelu') has an N-major B, dy @ W2.t() (* gelu'(u)) a K-major one; both [8192, 16384], K = 4096.
+    compare({"as the heuristic", "split epilogue on x @ W1", "split epilogue on both"},
+            [](codegen::GemmConfig& c, const codegen::GemmProblem& q, size_t i) {
+              if (i == 0 || !c.persistent || c.split_epilogue || q.n != 16384 || q.k != 4096 || (i == 1 && q.ops.b_k_major)) return;
+              for (const codegen::GemmConfig& e : codegen::gemm_candidates(q.dtype, q.arch))
+                if (e.split_epilogue && e.bm == c.bm && e.bn == c.bn) {
+                  const int cl = c.cluster;
+                  c = e, c.cluster = cl;
+                  return;
+                }
+            });
+  }
   if (std::getenv("KILN_BENCH_EPILOGUE_AB")) {  // the step with its GEMMs' epilogues fused, and as kernels of their own
     for (int r = 0; r < 3; ++r)
       for (bool on : {true, false}) {
