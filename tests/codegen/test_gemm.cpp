@@ -60,6 +60,13 @@ GpuProgram hip_program(const std::string& target, const Es&... es) {
   return gpu_program<runtime::HipBackend>(runtime::hip_target_warp_size(target), codegen::gemm_amd_arch(target), 132, es...);
 }
 
+// gelu'(u), written out: what W4's forward GEMM stores beside gelu(u) (erf and exp: two
+// transcendentals an element; ref::gelu_grad).
+template <Expr E>
+auto gelu_grad(const E& u) {
+  return 0.5 * (1 + kiln::erf(u * (1 / std::numbers::sqrt2))) + u * kiln::exp(-0.5 * u * u) * (0.5 * std::numbers::inv_sqrtpi * std::numbers::sqrt2);
+}
+
 GemmProblem problem(int64_t m, int64_t n, int64_t k, DType d, bool ok, int arch, bool tma = false) {
   GemmProblem p;
   p.m = m, p.n = n, p.k = k, p.dtype = d, p.tensor_ok = ok, p.tma_ok = ok && tma, p.arch = arch, p.sm_count = 132;
@@ -436,6 +443,16 @@ TEST_CASE("a split epilogue where it reads a matrix and computes a transcendenta
     CAPTURE(c.str());
     CHECK((c.kind == GemmKind::wgmma && c.persistent && !c.split_epilogue));
   }
+  // W4's forward GEMM, gelu(u) and gelu'(u) from u = x @ w + b: one kernel with two stores, which
+  // compiles in the split-epilogue config too (the gpu suite checks its values, each persistent config forced).
+  GpuProgram both = cuda_program(90, kiln::gelu(matmul(x, w) + b), gelu_grad(matmul(x, w) + b));  // the same matmul, traced once
+  CHECK(!config(both).split_epilogue);
+  GemmConfig forced = config(cuda_program(90, matmul(x, w) * kiln::exp(pre)));
+  GemmHook hook(forced);
+  GpuProgram both_split = cuda_program(90, kiln::gelu(matmul(x, w) + b), gelu_grad(matmul(x, w) + b));
+  CHECK(config(both_split).split_epilogue);
+  if (jit::nvrtc_available())
+    CHECK(jit::cubin_sm(jit::nvrtc_compile(both_split.src, "kiln_gemm_split_two_stores", 9, 0, codegen::gpu_compile_options(both_split.vars))) == 90);
 }
 
 TEST_SUITE("nvrtc") {
@@ -1091,6 +1108,8 @@ TEST_CASE("GPU GEMM: the persistent Hopper kernel over more tiles than SMs, each
   // 128 x 128 tiles: 279 and 527 tiles, 147 and 263 of them in runs. Blocks take a second or
   // third tile while their producer is already loading it; M and N no multiples of the tile.
   // In clusters of two, 9 and 17 tile rows leave the last cluster's lower tile wholly past M.
+  // gelu(x @ w + b) and gelu'(x @ w + b) are one GEMM with two stores (the split epilogue's
+  // heuristic choice for W4's forward GEMM).
   // NOTE: every row 16-byte aligned (M, N and K multiples of 8), as the copy engine needs.
   for (auto [M, K] : {std::pair<int64_t, int64_t>{1096, 136}, {2056, 264}}) {
     const int64_t N = 3896;
@@ -1127,6 +1146,8 @@ TEST_CASE("GPU GEMM: the persistent Hopper kernel over more tiles than SMs, each
         CAPTURE(round);
         Batch batch;
         batch.check(kiln::gelu(kiln::matmul(x.t, w.t) + b.t), ref::map(pre, ref::gelu), tol<bf16>().scaled(2), "gelu(x @ w + b)", bound);
+        // gelu' of the same GEMM: a second store of its epilogue (|gelu''| < 1: the bound holds)
+        batch.check(gelu_grad(kiln::matmul(x.t, w.t) + b.t), ref::map(pre, ref::gelu_grad), tol<bf16>().scaled(2), "gelu'(x @ w + b)", bound);
         batch.check(kiln::matmul(xt.t, wt.t) + r.t, want2, tol<bf16>().scaled(2), "transposed x @ transposed w + r", bound2);
         GemmHook hook(c);
         Counters before = counters();

@@ -641,6 +641,9 @@ inline Array rand(const Dims& s, uint64_t seed, uint64_t offset) {
 // ---- composites, as textbook float64 formulas (not kiln's decompositions) ----
 inline double sigmoid(double x) { return 1 / (1 + std::exp(-x)); }
 inline double gelu(double x) { return 0.5 * x * (1 + std::erf(x / std::numbers::sqrt2)); }
+inline double gelu_grad(double x) {
+  return 0.5 * (1 + std::erf(x / std::numbers::sqrt2)) + x * std::exp(-0.5 * x * x) / std::sqrt(2 * std::numbers::pi);
+}
 inline double gelu_tanh(double x) {
   return 0.5 * x * (1 + std::tanh(std::sqrt(2 / std::numbers::pi) * (x + 0.044715 * x * x * x)));
 }
