@@ -286,7 +286,10 @@ class MatmulEpilogue {
   // behind a load from memory, which a GEMM's own warps pay with the tensor cores idle
   // (W4's dh = dy @ W2.t() * gelu'(pre)). NOTE: on an H200 a split epilogue paid there (1.59
   // against 1.66 ms), not for W4's forward gelu(x @ W1 + b1), which reads only the bias (1.50
-  // against 1.48 ms): docs/benchmarks.md.
+  // against 1.48 ms): docs/benchmarks.md. NOTE: since the forward GEMM stores gelu'(u) beside
+  // gelu(u) (erf and exp, no matrix read), a split epilogue there made W4's step 0.4-0.8% faster
+  // back to back (branch split-two-transcendentals: two transcendentals also count; not merged
+  // until the gpu suite has checked the two-store split epilogue; twenty-seventh session).
   // Reads the layout's epilogue_slots (layout() sets them first).
   bool heavy() const {
     bool matrix = false;

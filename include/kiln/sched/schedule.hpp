@@ -19,7 +19,10 @@
 //   matmul joins its kernel as the epilogue, computed per output element at store
 //   time (bias, activation, residual, scale, cast: gelu(x@W + b) is one kernel);
 //   the matmul itself is stored only if another kernel or the caller reads it
-//   (kiln::set_epilogue_fusion(false): never; such outputs get kernels of their own);
+//   (kiln::set_epilogue_fusion(false): never; such outputs get kernels of their own).
+//   NOTE: on an H200, W4's gelu(u) and gelu'(u) in a pointwise kernel of their own, the GEMM
+//   storing u = x@W1 + b1, made the step 0.3% slower: their erf and exp take about 0.3 ms of
+//   issue slots in either kernel (branch transcendentals-apart; docs/benchmarks.md);
 // - a matmul operand that is a pointwise function of one tensor of its shape and of
 //   scalars (x * s, a cast), read by nothing else, is the matmul's prologue: the GEMM
 //   may compute it per element as it loads it, from that tensor. Its own kernel stays in
