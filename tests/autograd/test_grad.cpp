@@ -255,9 +255,7 @@ MlpRef mlp_by_hand(const std::vector<double>& x, const std::vector<double>& W1, 
       }
     }
     for (int j = 0; j < H; ++j) {
-      double hj = h[size_t(j)];
-      double dgelu = 0.5 * (1 + std::erf(hj / std::sqrt(2.0))) + hj * std::exp(-hj * hj / 2) / std::sqrt(2 * std::numbers::pi);
-      double dh = da[size_t(j)] * dgelu;
+      double dh = da[size_t(j)] * ref::gelu_grad(h[size_t(j)]);
       r.db1[size_t(j)] += dh;
       for (int k = 0; k < D; ++k) r.dW1[size_t(j * D + k)] += dh * x[size_t(n * D + k)];
     }
