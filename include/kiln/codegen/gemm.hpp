@@ -123,8 +123,8 @@ struct GemmProblem {
   GemmOperands ops;
   bool tensor_ok = false, tma_ok = false;
   int arch = 0, sm_count = 1;
-  // The fused epilogue reads a matrix and computes transcendentals (Layout::epilogue_heavy):
-  // worth warps of its own.
+  // The fused epilogue computes two transcendentals an element, or one and reads a matrix
+  // (Layout::epilogue_heavy): worth warps of its own.
   bool heavy_epilogue = false;
   // f32 on TF32 tensor cores is allowed (kiln::allow_tf32()).
   bool tf32 = false;

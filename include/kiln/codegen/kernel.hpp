@@ -33,7 +33,7 @@ struct Layout {
   std::vector<int> param_words;  // per params entry: first word
   int words = 0;
   std::vector<int> epilogue_slots;  // matmul: the slots its epilogue reads or writes
-  bool epilogue_heavy = false;      // matmul: its epilogue reads a matrix and computes a transcendental (MatmulEpilogue::heavy)
+  bool epilogue_heavy = false;      // matmul: its epilogue computes two transcendentals, or one and reads a matrix (MatmulEpilogue::heavy)
 };
 
 // How a slot is indexed along the innermost dim: fixed in the source as a
@@ -281,15 +281,14 @@ class MatmulEpilogue {
     }
     return Hasher().add(std::string_view(canonical)).digest().hex().substr(0, 12);
   }
-  // Whether the epilogue reads a whole matrix (no size-1 dim: not a bias or a per-row scale)
-  // and calls a transcendental function (erf, exp, tanh, ...): tens of instructions per element
-  // behind a load from memory, which a GEMM's own warps pay with the tensor cores idle
-  // (W4's dh = dy @ W2.t() * gelu'(pre)). NOTE: on an H200 a split epilogue paid there (1.59
-  // against 1.66 ms), not for W4's forward gelu(x @ W1 + b1), which reads only the bias (1.50
-  // against 1.48 ms): docs/benchmarks.md. NOTE: since the forward GEMM stores gelu'(u) beside
-  // gelu(u) (erf and exp, no matrix read), a split epilogue there made W4's step 0.4-0.8% faster
-  // back to back (branch split-two-transcendentals: two transcendentals also count; not merged
-  // until the gpu suite has checked the two-store split epilogue; twenty-seventh session).
+  // Whether the epilogue is long enough for warps of its own (GemmConfig::split_epilogue): two
+  // transcendental function calls an element (erf, exp, tanh, ...: tens of instructions each),
+  // or one behind a load of a whole matrix (no size-1 dim: not a bias or a per-row scale), which
+  // a GEMM's own warps pay with the tensor cores idle. NOTE: on an H200 a split epilogue paid for
+  // W4's dh = dy @ W2.t() * gelu'(pre) (1.59 against 1.66 ms) and for its forward GEMM storing
+  // gelu(u) and gelu'(u) (erf and exp; the step 0.4-0.8% faster back to back, three rounds); not
+  // for gelu(x @ W1 + b1) alone (1.50 against 1.48 ms), nor for dy @ W2.t() * gelu'(u) read from
+  // memory (no transcendental): docs/benchmarks.md, sixth and twenty-seventh sessions.
   // Reads the layout's epilogue_slots (layout() sets them first).
   bool heavy() const {
     bool matrix = false;
@@ -297,11 +296,11 @@ class MatmulEpilogue {
       const ir::Node& n = g_.nodes[size_t(l_.slots[size_t(i)].node)];
       matrix = matrix || (l_.slots[size_t(i)].role == SlotRole::load && n.rank >= 2 && n.ones == 0);
     }
-    if (!matrix) return false;
     const std::string code = store("0", "0", "0", "");
+    int calls = 0;
     for (const char* f : {"kiln_exp", "kiln_log", "kiln_sin(", "kiln_cos(", "kiln_tanh(", "kiln_erf(", "kiln_pow("})
-      if (code.find(f) != std::string::npos) return true;
-    return false;
+      for (size_t at = code.find(f); at != std::string::npos; at = code.find(f, at + 1)) ++calls;
+    return calls >= 2 || (matrix && calls >= 1);
   }
   // The slots that store() reads or writes.
   std::vector<int> store_slots() const {
