@@ -356,15 +356,19 @@ TEST_CASE("GPU dispatch: max-autotune times each GEMM candidate twice, each run 
   CHECK(FakeGpuApi::compiled_ahead.size() == candidates);
   CHECK(std::set<std::string>(FakeGpuApi::compiled_ahead.begin(), FakeGpuApi::compiled_ahead.end()).size() == candidates);
   // Per candidate: twice (in order, in reverse), a warm-up then seven runs, each flushed and timed alone.
-  CHECK(FakeGpuApi::timed - t0 == int(2 * 7 * candidates));
-  CHECK(FakeGpuApi::flushes - f0 == FakeGpuApi::timed - t0);
-  // Besides those, the plan ran twice: as the heuristic chose (so that the candidates are timed
-  // on the values the call computes), then as tuned.
-  CHECK(dev.launches - l0 == 2 * 8 * candidates + 2);
-  // Every candidate that ran took 1 ms: the first of them (the best-known) is kept.
+  // Every candidate took 1 ms: the first of them (the best-known) won, which is not the
+  // heuristic's choice here, so the whole plan then ran both ways, five times each (timed, not flushed).
+  const std::string heuristic = call.vars[0].gemm.str();
+  REQUIRE(heuristic != runnable.front().str());
+  CHECK(FakeGpuApi::flushes - f0 == int(2 * 7 * candidates));
+  CHECK(FakeGpuApi::timed - t0 == int(2 * 7 * candidates) + 10);
+  // Besides those, the plan ran as the heuristic chose (so that the candidates are timed on
+  // the values the call computes), both ways to validate, then as tuned.
+  CHECK(dev.launches - l0 == 2 * 8 * candidates + 1 + 10 + 1);
+  // The plan was no faster with the tuned choice (1 ms either way): the heuristic's is stored.
   auto stored = tune::db().find(runtime::matmul_tune_key(g, cp->plan.kernels[0], cp->layouts[0], problem, "", "sm_80"));
   REQUIRE(stored);
-  CHECK(stored->choice == runnable.front().str());
+  CHECK(stored->choice == heuristic);
   // The tuned plan ran as a graph (as torch.compile's max-autotune runs): built once.
   CHECK(counters().graphs_built - c0.graphs_built == 1);
   int t1 = FakeGpuApi::timed;
@@ -427,6 +431,18 @@ TEST_CASE("GPU dispatch: max-autotune's tuned calls replay a graph, but where a 
   CHECK(lib_replays == 0);
   CHECK(lib_launched >= 3);  // each call's library GEMM (and the tuning's plan run)
   (void)launched;
+  // The library's GEMM fast alone (0.5 ms after a flush) but slow in the plan (2 ms, as cuBLASLt's
+  // was in the W4 step on an H200): tuning picks it, the plan's validation puts the heuristic's
+  // config back and stores that, and the calls replay a graph of kiln's kernels.
+  FakeGpuApi::library_in_plan_ms = 2.0f;
+  auto w3 = host<bf16>(rng, Shape<2>{64, 2048});  // another shape class again
+  auto [slow_tunings, slow_built, slow_replays, slow_launched] = calls(matmul(a, w3));
+  FakeGpuApi::library_in_plan_ms = 0.5f;
+  FakeGpuApi::library = false;
+  CHECK(slow_tunings == 1);
+  CHECK(slow_built == 1);
+  CHECK(slow_replays == 3);
+  (void)slow_launched;
 }
 
 TEST_CASE("GPU dispatch, reduce-overhead: one graph, replayed; nodes updated for new buffers; rebuilt for new launch shapes") {

@@ -111,14 +111,19 @@ struct FakeGpuApi : runtime::GpuDeviceApi<DeviceKind::cpu, codegen::GpuDialect::
   static void compile_ahead(const std::vector<std::pair<std::string, std::vector<std::string>>>& programs, FakeGpuDevice&) {
     for (const auto& p : programs) compiled_ahead.push_back(p.first);
   }
-  // max-autotune's timing: every cache flush and every timed run (each takes 1 ms; the vendor GEMM's 0.5).
+  // max-autotune's timing: every cache flush and every timed run (each takes 1 ms; the vendor
+  // GEMM's 0.5 after a flush, as the tuner times a candidate, and library_in_plan_ms without:
+  // in a plan's run, which max-autotune times to check its choices).
   static inline std::atomic<int> flushes{0}, timed{0};
+  static inline float library_in_plan_ms = 0.5f;
+  static inline int flushes_seen = 0;
   static void flush_cache(FakeGpuDevice&) { ++flushes; }
   struct Timer {
     explicit Timer(int) {}
-    void start(void*) { ++timed, library_last = false; }
+    void start(void*) { ++timed, library_last = false, flushed = flushes != flushes_seen, flushes_seen = flushes; }
     void stop(void*) {}
-    float elapsed_ms() const { return library_last ? 0.5f : 1.0f; }
+    float elapsed_ms() const { return library_last ? (flushed ? 0.5f : library_in_plan_ms) : 1.0f; }
+    bool flushed = false;
   };
   // Mode::reduce_overhead's graph, as the driver keeps one: build and set_params copy each
   // node's argument words (record_words[i] of them) then and there; a launch records every
