@@ -445,6 +445,58 @@ TEST_CASE("GPU dispatch: max-autotune's tuned calls replay a graph, but where a 
   (void)slow_launched;
 }
 
+TEST_CASE("GPU dispatch: max-autotune's check on the plan puts back only the choices this call tuned, never a database hit's") {
+  ScratchCache cache;
+  KILN_TEST_RNG(rng);
+  FakeGpuBackend backend;
+  FakeGpuDevice& dev = FakeGpuApi::device(0);
+  Sm80 sm80(dev);
+  const auto& p = dev.props;
+  const int arch = p.cc_major * 10 + p.cc_minor;
+  FakeGpuApi::library = true;
+  auto a = host<bf16>(rng, Shape<2>{256, 64}), w1 = host<bf16>(rng, Shape<2>{64, 128}), w2 = host<bf16>(rng, Shape<2>{64, 1024});
+  // The key of each matmul kernel of a plan, and the heuristic's config for it.
+  auto keys = [&](const ir::Graph& g, const runtime::CompiledPlan& cp, const runtime::Bound& b) {
+    runtime::GpuCall call = runtime::gpu_call(g, cp, b, p.warp_size, arch, p.sm_count);
+    std::vector<std::pair<tune::Key, std::string>> out;
+    for (size_t k = 0; k < cp.plan.kernels.size(); ++k) {
+      if (cp.plan.kernels[k].kind != sched::KernelKind::matmul) continue;
+      codegen::GemmProblem q = runtime::gemm_problem(g, cp.plan.kernels[k], call.args[k], arch, p.sm_count);
+      out.push_back({runtime::matmul_tune_key(g, cp.plan.kernels[k], cp.layouts[k], q, FakeGpuApi::kLibraryGemm, "sm_80"),
+                     call.vars[k].gemm.str()});
+    }
+    return out;
+  };
+  // a @ w1 alone, the library as fast in the plan as alone: tuned to it, and kept.
+  ir::Graph g1 = ir::trace(matmul(a, w1));
+  auto cp1 = runtime::plan_for(g1, Mode::max_autotune);
+  runtime::Bound b1 = runtime::bind_buffers(g1, cp1->plan);
+  backend.run(g1, *cp1, b1);
+  auto k1 = keys(g1, *cp1, b1);
+  REQUIRE(k1.size() == 1);
+  REQUIRE(tune::db().find(k1[0].first));
+  CHECK(tune::db().find(k1[0].first)->choice == FakeGpuApi::kLibraryGemm);
+  // Then a plan of a @ w2 (a new key) and a @ w1 (a hit), the library slow in a plan: the new
+  // key's tuned choice (the library) goes back to the heuristic's; the hit keeps its entry.
+  FakeGpuApi::library_in_plan_ms = 2.0f;
+  ir::Graph g2 = ir::trace(matmul(a, w2), matmul(a, w1));
+  auto cp2 = runtime::plan_for(g2, Mode::max_autotune);
+  runtime::Bound b2 = runtime::bind_buffers(g2, cp2->plan);
+  auto k2 = keys(g2, *cp2, b2);
+  REQUIRE(k2.size() == 2);
+  Counters c0 = counters();
+  backend.run(g2, *cp2, b2);
+  FakeGpuApi::library_in_plan_ms = 0.5f;
+  FakeGpuApi::library = false;
+  CHECK(counters().tunings - c0.tunings == 1);
+  for (const auto& [key, heuristic] : k2) {
+    auto e = tune::db().find(key);
+    REQUIRE(e);
+    if (key.text() == k1[0].first.text()) CHECK(e->choice == FakeGpuApi::kLibraryGemm);
+    else CHECK(e->choice == heuristic);
+  }
+}
+
 TEST_CASE("GPU dispatch, reduce-overhead: one graph, replayed; nodes updated for new buffers; rebuilt for new launch shapes") {
   KILN_TEST_RNG(rng);
   FakeGpuBackend backend;
