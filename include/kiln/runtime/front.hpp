@@ -42,9 +42,10 @@ namespace kiln {
 // max_autotune: the fused plan, each matmul kernel's GEMM (its tile configs, and
 // cuBLASLt where it computes the kernel exactly) timed on the GPU once per shape
 // class, dtype, layout and architecture, the fastest kept in the tuning database
-// (tune/db.hpp) and never retuned, unless the whole plan ran no faster with the tuned
-// choices than with the heuristic's (then the heuristic's are kept); its launches replay as a graph, as reduce_overhead's
-// (but for a call with a GEMM in cuBLASLt: kernel by kernel). On the CPU it is fused mode:
+// (tune/db.hpp) and never retuned; where the whole plan then runs no faster with the
+// tuned choices than with the heuristic's, the heuristic's are kept instead. Its
+// launches replay as a graph, as reduce_overhead's (but for a call with a GEMM in
+// cuBLASLt: kernel by kernel). On the CPU it is fused mode:
 // the CPU GEMM's blocking is fixed per target, so there is nothing to time.
 // reduce_overhead: the fused plan, its kernels launched on a GPU as one CUDA graph
 // (runtime/gpu_backend.hpp): one replay a call instead of a launch per kernel. Every
