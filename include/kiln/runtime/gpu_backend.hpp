@@ -1027,9 +1027,10 @@ class GpuBackend final : public Backend {
       std::vector<uint64_t> block;
       launch_kernels(g, cp, call, functions(g, cp, call.key, call.vars, dev), std::vector<uint8_t>(kernels.size(), 0), block, dev);
     }
-    const GpuCall heuristic = call;  // the plan as the heuristic chose, before the tuned choices
-    std::vector<std::string> heuristic_choice(tuned.size()), choices(tuned.size());
-    for (size_t i = 0; i < tuned.size(); ++i) heuristic_choice[i] = call.vars[tuned[i].k].gemm.str();
+    // The plan as the heuristic chose, kept only where this call tunes a key (validate_choices):
+    // max-autotune runs this on every call.
+    std::optional<GpuCall> heuristic;
+    if (std::any_of(tuned.begin(), tuned.end(), [](const Tuned& t) { return t.miss; })) heuristic.emplace(call);
     for (Tuned& t : tuned) {
       const size_t k = t.k;
       const std::vector<codegen::GemmConfig>& configs = t.configs;
@@ -1058,14 +1059,13 @@ class GpuBackend final : public Backend {
           launch_one(f, L, block, maps, describe, dev);
         });
       });
-      choices[size_t(&t - tuned.data())] = choice;
       if (choice == Api::kLibraryGemm) by_library[k] = 1;
       for (const auto& c : configs)
         if (c.str() == choice) set_gemm(call.vars[k], c, t.p);
     }
     skip_computed_prologues(cp.plan, call.vars);
     call.key = variant_key(call.vars);
-    validate_choices(g, cp, call, heuristic, by_library, tuned, heuristic_choice, choices, dev);
+    if (heuristic) validate_choices(g, cp, call, *heuristic, by_library, tuned, dev);
   }
   // The candidates were timed alone, each run after a cache flush; a plan runs its kernels back
   // to back, where a GPU under its power limit holds a lower clock and a kernel's time follows
@@ -1077,15 +1077,14 @@ class GpuBackend final : public Backend {
   // (twenty-eighth session): max-autotune chose cuBLASLt and ran the step 1-4% slower.
   template <class TunedList>
   void validate_choices(const ir::Graph& g, CompiledPlan& cp, GpuCall& call, const GpuCall& heuristic, std::vector<uint8_t>& by_library,
-                        const TunedList& tuned, const std::vector<std::string>& heuristic_choice, const std::vector<std::string>& choices,
-                        Device& dev) {
+                        const TunedList& tuned, Device& dev) {
     // Only where the heuristic's choice is a candidate of every key tuned (so that it can be stored).
     bool changed = false;
-    for (size_t i = 0; i < tuned.size(); ++i) {
-      if (!tuned[i].miss) continue;
-      const auto& cs = tuned[i].configs;
-      if (std::none_of(cs.begin(), cs.end(), [&](const codegen::GemmConfig& c) { return c.str() == heuristic_choice[i]; })) return;
-      changed |= choices[i] != heuristic_choice[i];
+    for (const auto& t : tuned) {
+      if (!t.miss) continue;
+      const std::string mine = heuristic.vars[t.k].gemm.str();
+      if (std::none_of(t.configs.begin(), t.configs.end(), [&](const codegen::GemmConfig& c) { return c.str() == mine; })) return;
+      changed |= by_library[t.k] || call.vars[t.k].gemm.str() != mine;
     }
     if (!changed) return;
     const auto& kernels = cp.plan.kernels;
@@ -1118,11 +1117,11 @@ class GpuBackend final : public Backend {
       log(LogTopic::tune, b);
     }
     if (keep) return;
-    for (size_t i = 0; i < tuned.size(); ++i) {
-      if (!tuned[i].miss) continue;
-      tune::db().store(tuned[i].key, {heuristic_choice[i], heuristic_ms * 1000.0});  // NOTE: the plan's time, not the GEMM's
-      call.vars[tuned[i].k] = heuristic.vars[tuned[i].k];
-      by_library[tuned[i].k] = 0;
+    for (const auto& t : tuned) {
+      if (!t.miss) continue;
+      tune::db().store(t.key, {heuristic.vars[t.k].gemm.str(), heuristic_ms * 1000.0});  // NOTE: the plan's time, not the GEMM's
+      call.vars[t.k] = heuristic.vars[t.k];
+      by_library[t.k] = 0;
     }
     skip_computed_prologues(cp.plan, call.vars);
     call.key = variant_key(call.vars);
