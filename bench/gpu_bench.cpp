@@ -16,6 +16,7 @@
 // KILN_BENCH_ONLY=small (or prologue, tf32) those rows alone, KILN_BENCH_GEMM_SMALL_SWEEP=1 each SIMT config forced.
 // KILN_BENCH_ONLY=energy: W4's GEMMs and step back to back, energy per call from NVML (torch_w4_gemms.py --energy).
 // KILN_BENCH_SPLIT_AB=1 (with KILN_BENCH_ONLY=w4): the W4 step with the split epilogue forced on its GEMMs with long epilogues.
+// KILN_BENCH_OVERLAP_AB=1 (with KILN_BENCH_ONLY=w4): the W4 step with kernel overlap off and on, alternated.
 #include <kiln/kiln.hpp>
 #include <kiln/runtime/cuda_backend.hpp>
 
@@ -655,6 +656,24 @@ static std::string w4_step_bench() {
       for (const auto& g : gemms) g.second();
     };
     for (int r = 0; r < 3; ++r) std::printf("W4's six GEMMs, plain, round %d: back to back %8.3f ms\n", r, loop_ms(six, 100));
+  }
+  if (std::getenv("KILN_BENCH_OVERLAP_AB")) {  // the step's kernels one after another, and overlapped (kiln::kernel_overlap)
+    for (int r = 0; r < 3; ++r)
+      for (bool on : {false, true}) {
+        set_kernel_overlap(on);
+        Counters c = counters();
+        auto o = evaluate_step(Mode::fused, st);
+        const uint64_t beside = counters().kernels_overlapped - c.kernels_overlapped;
+        const bool same = std::get<2>(o).to_vector() == std::get<2>(out).to_vector();  // dW1: downstream of every kernel
+        double loop = loop_ms([&] { auto o = evaluate_step(Mode::fused, st); }, 100), flushed = time_ms([&] { auto o = evaluate_step(Mode::fused, st); }, 10);
+        double anchor = anchor_ms([&] { auto o = evaluate_step(Mode::fused, st); });
+        double graph = loop_ms([&] { auto o = evaluate_step(Mode::reduce_overhead, st); }, 100);
+        std::printf("W4 fused, round %d, kernel overlap %-3s (%llu kernels beside) back to back %8.3f ms, flushed %8.3f ms, as torch_anchor.py times %8.3f ms; "
+                    "reduce-overhead back to back %8.3f ms; dW1 %s\n",
+                    r, on ? "on" : "off", (unsigned long long)beside, loop, flushed, anchor, graph, same ? "bit for bit" : "DIFFERS");
+        std::fflush(stdout);
+      }
+    set_kernel_overlap(true);
   }
   double worst = std::max({e_loss, e[0], e[1], e[2], e[3], e[4]});
   // max-autotune from cold: a fresh cache directory (no tuning database, no compiled candidate

@@ -32,6 +32,7 @@ struct Dispatch {
   size_t loads = 0;  // programs the call loaded
   std::vector<codegen::GpuVariant> vars;
   const runtime::CompiledPlan* plan = nullptr;
+  std::vector<std::pair<size_t, bool>> launches;  // each launch's kernel, and whether it is that GEMM's staging kernel
 };
 
 // Runs the expressions' fused plan through `backend` on fake device `ordinal` and checks
@@ -72,7 +73,7 @@ Dispatch dispatch_in(Mode mode, FakeGpuBackend& backend, int ordinal, const Es&.
   }
   size_t loads = dev.modules.size();
   auto c0 = counters();
-  dev.launched.clear();
+  dev.clear_launched();
   dev.record = true;
   backend.run(g, *cp, b);
   dev.record = false;
@@ -93,7 +94,7 @@ Dispatch dispatch_in(Mode mode, FakeGpuBackend& backend, int ordinal, const Es&.
     CHECK(l.shared_bytes == L.shared_bytes);
     CHECK(l.words == blocks[i]);  // this call's pointers, meta and scalars
   }
-  return {dev.modules.size() - loads, want.vars, cp.get()};
+  return {dev.modules.size() - loads, want.vars, cp.get(), kernels};
 }
 // For a max-autotune test: device 0 as an sm_80 (a short list of candidates, all mma.sync), and
 // no vendor GEMM offered, until the test ends.
@@ -598,4 +599,99 @@ TEST_CASE("GPU dispatch, reduce-overhead: a graph the driver fails to build is a
   }
   dispatch_in(Mode::reduce_overhead, backend, 0, e3);  // checks every launch's words against this call's
   CHECK(counters().graphs_built == c1.graphs_built + 1);
+}
+
+namespace {
+// Every launch of `d` (the last call on `dev`) starts after every launch of each kernel its
+// kernel reads, as the fake driver orders them (streams, events, graph edges).
+void check_ordered(const Dispatch& d, const FakeGpuDevice& dev) {
+  const auto& kernels = d.plan->plan.kernels;
+  REQUIRE(dev.launched.size() == d.launches.size());
+  std::vector<std::vector<size_t>> launches_of(kernels.size());
+  for (size_t i = 0; i < d.launches.size(); ++i) launches_of[d.launches[i].first].push_back(i);
+  for (size_t i = 0; i < d.launches.size(); ++i) {
+    const auto& after = dev.launched[i].after;
+    auto ran_before = [&](size_t j) { return std::find(after.begin(), after.end(), j) != after.end(); };
+    const auto [k, staging] = d.launches[i];
+    CAPTURE(i);
+    CAPTURE(k);
+    for (int dep : kernels[k].deps)
+      for (size_t j : launches_of[size_t(dep)]) CHECK(ran_before(j));
+    if (!staging && d.vars[k].stage) CHECK(ran_before(i - 1));  // the GEMM after its staging kernel
+  }
+}
+struct OverlapOff {
+  OverlapOff() { set_kernel_overlap(false); }
+  ~OverlapOff() { set_kernel_overlap(true); }
+};
+}  // namespace
+
+TEST_CASE("GPU dispatch: a training step's large independent kernels overlap on two streams and in a graph, each after all it reads") {
+  KILN_TEST_RNG(rng);
+  FakeGpuBackend backend;
+  FakeGpuDevice& dev = FakeGpuApi::device(0);
+  // W4's step (bench/w4.hpp) at a size where every GEMM and the [M, H] kernels are large
+  // (StreamSchedule::kOverlapGemmWork, kOverlapWork), and at a small one.
+  auto step = [&](int64_t M, int64_t K, int64_t H) {
+    auto x = host<bf16>(rng, Shape<2>{M, K}), W1 = host<bf16>(rng, Shape<2>{K, H}), W2 = host<bf16>(rng, Shape<2>{H, K});
+    auto b1 = host<bf16>(rng, Shape<1>{H}), b2 = host<bf16>(rng, Shape<1>{K});
+    auto yf = cast<f32>(matmul(gelu(matmul(x, W1) + b1), W2) + b2);
+    auto loss = mean(yf * yf);
+    auto [gx, gW1, gb1, gW2, gb2] = kiln::grad(loss, x, W1, b1, W2, b2);
+    return std::tuple{loss, gx, gW1, gb1, gW2, gb2};
+  };
+  auto run = [&](Mode mode, const auto& outs) {
+    return std::apply([&](const auto&... o) { return dispatch_in(mode, backend, 0, o...); }, outs);
+  };
+  auto on_side = [&] { return std::count_if(dev.launched.begin(), dev.launched.end(), [](const auto& l) { return l.stream == 1; }); };
+  // Launches that may run at once: pairs neither of which runs after the other.
+  auto unordered = [&] {
+    int pairs = 0;
+    for (size_t j = 0; j < dev.launched.size(); ++j)
+      for (size_t i = 0; i < j; ++i) {
+        const auto& a = dev.launched[j].after;
+        pairs += std::find(a.begin(), a.end(), i) == a.end();
+      }
+    return pairs;
+  };
+  const auto large = step(2048, 2048, 4096), small = step(64, 96, 128);
+
+  size_t waits = dev.waits;
+  auto c0 = counters();
+  Dispatch d = run(Mode::fused, large);
+  check_ordered(d, dev);
+  const auto side = on_side();
+  CHECK(counters().kernels_overlapped - c0.kernels_overlapped == uint64_t(side));
+  CHECK(side >= 2);  // of the backward's five independent kernels
+  CHECK(dev.waits > waits);
+  const int overlaps = unordered();
+  CHECK(overlaps >= side);
+  for (size_t i = 0; i < d.launches.size(); ++i)  // the shared workspace's users, in plan order
+    if (d.vars[d.launches[i].first].workspace()) CHECK(dev.launched[i].stream == 0);
+  // The join: what the main stream runs next comes after every launch of the call.
+  CHECK(dev.done_before[0].size() == dev.launched.size());
+
+  c0 = counters();
+  d = run(Mode::reduce_overhead, large);  // a graph: the same order, by edges
+  check_ordered(d, dev);
+  CHECK(unordered() == overlaps);  // the same schedule
+  CHECK(counters().kernels_overlapped - c0.kernels_overlapped == uint64_t(side));
+  {
+    OverlapOff off;
+    waits = dev.waits;
+    check_ordered(run(Mode::fused, large), dev);
+    CHECK(on_side() == 0);
+    CHECK(dev.waits == waits);
+    CHECK(unordered() == 0);
+    check_ordered(run(Mode::reduce_overhead, large), dev);  // rebuilt as a chain
+    CHECK(unordered() == 0);
+    CHECK(counters().kernels_overlapped == c0.kernels_overlapped + uint64_t(side));
+  }
+  // A small step keeps one stream: no event is worth its microsecond there.
+  waits = dev.waits;
+  check_ordered(run(Mode::fused, small), dev);
+  CHECK(on_side() == 0);
+  CHECK(dev.waits == waits);
+  check_ordered(run(Mode::reduce_overhead, small), dev);
+  CHECK(unordered() == 0);
 }

@@ -157,3 +157,44 @@ TEST_CASE("reduce-overhead: a bf16 GEMM big enough for the copy-engine kernel (w
     CHECK(std::fabs(double(f[size_t(r * 4096 + c)]) - want) <= 2e-5 * (mag + std::fabs(b.a.at({c}))) + 4e-3 * std::fabs(want) + 1e-6);
   }
 }
+
+TEST_CASE("kernel overlap: a large training step's kernels on two streams (and a graph's branches) give one stream's numbers bit for bit") {
+  if (default_device().kind != DeviceKind::cuda) {
+    MESSAGE("not a CUDA device: kernel overlap is the GPU backends' (a CPU plan runs its kernels in turn): skipped");
+    return;
+  }
+  KILN_TEST_RNG(rng);
+  // W4's step (bench/w4.hpp) where each GEMM and the [M, H] kernels are large enough to
+  // overlap (runtime::StreamSchedule): the backward's five kernels after dh read nothing of
+  // each other.
+  const int64_t M = 2048, K = 2048, H = 4096;
+  auto x = input<bf16, 2>(rng, Shape<2>{M, K}), W1 = input<bf16, 2>(rng, Shape<2>{K, H}), W2 = input<bf16, 2>(rng, Shape<2>{H, K});
+  auto b1 = input<bf16, 1>(rng, Shape<1>{H}), b2 = input<bf16, 1>(rng, Shape<1>{K});
+  auto run = [&](Mode mode, bool overlap) {
+    set_kernel_overlap(overlap);
+    auto yf = cast<f32>(matmul(gelu(matmul(x.t, W1.t) + b1.t), W2.t) + b2.t);
+    auto loss = mean(yf * yf);
+    auto [gx, gW1, gb1, gW2, gb2] = kiln::grad(loss, x.t, W1.t, b1.t, W2.t, b2.t);
+    auto c0 = counters();
+    auto out = evaluate(mode, loss, gx, gW1, gb1, gW2, gb2);
+    const uint64_t overlapped = counters().kernels_overlapped - c0.kernels_overlapped;
+    set_kernel_overlap(true);
+    std::vector<std::vector<double>> values;
+    std::apply([&](const auto&... t) { (values.push_back(t.to_vector()), ...); }, out);
+    return std::pair{values, overlapped};
+  };
+  const auto [alone, none] = run(Mode::fused, false);
+  CHECK(none == 0);
+  CHECK(std::isfinite(alone[0][0]));
+  CHECK(alone[0][0] > 0);
+  for (Mode mode : {Mode::fused, Mode::reduce_overhead}) {
+    CAPTURE(int(mode));
+    const auto [beside, overlapped] = run(mode, true);
+    CHECK(overlapped >= 2);
+    REQUIRE(beside.size() == alone.size());
+    for (size_t i = 0; i < alone.size(); ++i) {
+      CAPTURE(i);
+      CHECK(beside[i] == alone[i]);
+    }
+  }
+}

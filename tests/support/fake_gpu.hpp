@@ -9,7 +9,9 @@
 // given. Used by tests (which program and launch a call gets) and by
 // bench/host_overhead (the GPU dispatch's own host work per call).
 #pragma once
+#include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -33,24 +35,35 @@ struct FakeGpuDevice {
     std::string source;
     std::vector<std::string> options;
   };
-  // What one launch was given; `words`: the first record_words[i] words of launch i's argument block.
+  // What one launch was given; `words`: the first record_words[i] words of launch i's argument
+  // block; `stream`: 0 the device's, 1 its side stream (a graph's nodes: 0); `after`: the
+  // earlier launches the streams, events and graph edges make sure have finished before it
+  // starts (as the driver would order them).
   struct Launch {
     const Module* module = nullptr;
     std::string name;
     Dim3 grid, block;
     unsigned shared_bytes = 0;
     std::vector<uint64_t> words;
+    int stream = 0;
+    std::vector<size_t> after;
   };
+  // Per stream, the launches finished before its next one starts (the streams' order and the
+  // events it waited for); kept while `record` is on.
+  std::vector<size_t> done_before[2];
+  size_t waits = 0;  // events waited for, recording or not
   struct Function {
     FakeGpuDevice* device = nullptr;
     const Module* module = nullptr;
     std::string name;
-    void launch(Dim3 grid, Dim3 block, unsigned shared_bytes, void** params, const LazyText&, void*) const {
+    void launch(Dim3 grid, Dim3 block, unsigned shared_bytes, void** params, const LazyText&, void* stream) const {
       kiln::detail::counters_state().kernels_launched.fetch_add(1, std::memory_order_relaxed);
       ++device->launches;
       if (!device->record) return;
       size_t i = device->launched.size();
-      Launch& l = device->launched.emplace_back(Launch{module, name, grid, block, shared_bytes, {}});
+      const int s = stream == side ? 1 : 0;
+      Launch& l = device->launched.emplace_back(Launch{module, name, grid, block, shared_bytes, {}, s, device->done_before[s]});
+      device->done_before[s].push_back(i);
       const auto* block_words = static_cast<const uint64_t*>(params[0]);
       if (i < device->record_words.size()) l.words.assign(block_words, block_words + device->record_words[i]);
     }
@@ -74,7 +87,26 @@ struct FakeGpuDevice {
   void make_current() const {}
   const Properties& properties() const { return props; }
   int ordinal() const { return index; }
+  static inline void* const side = reinterpret_cast<void*>(uintptr_t(1));
   void* stream() const { return nullptr; }
+  void* side_stream() const { return side; }
+  // An event holds what its stream had finished-before when recorded.
+  struct Event {
+    std::vector<size_t> done;
+    void record(FakeGpuDevice& dev, void* stream) {
+      done = dev.done_before[stream == side ? 1 : 0];
+    }
+  };
+  void wait(void* stream, const Event& e) {
+    ++waits;
+    auto& d = done_before[stream == side ? 1 : 0];
+    for (size_t i : e.done)
+      if (std::find(d.begin(), d.end(), i) == d.end()) d.push_back(i);
+  }
+  // Forgets what was launched (a test's fresh start).
+  void clear_launched() {
+    launched.clear(), done_before[0].clear(), done_before[1].clear();
+  }
   std::mutex load_mutex;  // a backend loads a plan's programs from several threads at once
   ModuleRef& load_module(const std::string& source, const std::vector<std::string>& options, const std::string&) {
     std::lock_guard lock(load_mutex);
@@ -84,6 +116,7 @@ struct FakeGpuDevice {
 };
 
 struct FakeGpuApi : runtime::GpuDeviceApi<DeviceKind::cpu, codegen::GpuDialect::cuda> {
+  using Event = FakeGpuDevice::Event;
   // Two devices, as a test sets them up (a device's properties are fixed once it has run a plan).
   static FakeGpuDevice& device(int ordinal) {
     static FakeGpuDevice devices[2] = {FakeGpuDevice(0), FakeGpuDevice(1)};
@@ -139,8 +172,9 @@ struct FakeGpuApi : runtime::GpuDeviceApi<DeviceKind::cpu, codegen::GpuDialect::
     };
     bool built() const { return device != nullptr; }
     static inline int fail_builds = 0;  // the next this many builds fail, as a driver's may (out of memory)
-    void build(FakeGpuDevice& dev, const std::vector<Launch>& launches) {
+    void build(FakeGpuDevice& dev, const std::vector<Launch>& launches, const std::vector<std::vector<size_t>>& after_nodes = {}) {
       device = nullptr;
+      after = after_nodes;
       if (fail_builds > 0) {
         --fail_builds;
         throw Error("kiln: building the CUDA graph of " + std::to_string(launches.size()) +
@@ -158,17 +192,35 @@ struct FakeGpuApi : runtime::GpuDeviceApi<DeviceKind::cpu, codegen::GpuDialect::
       nodes.at(i) = node(i, l);
     }
     static inline int fail_updates = 0;  // the next this many node updates fail
-    void reset() noexcept { device = nullptr, nodes.clear(); }
+    void reset() noexcept { device = nullptr, nodes.clear(), after.clear(); }
+    // On the device's stream: each node after what the stream finished before the graph and
+    // after the nodes its edges name (each after the one before where the graph has no edges).
     void launch() const {
-      if (device->record) device->launched.insert(device->launched.end(), nodes.begin(), nodes.end());
       device->launches += nodes.size();
+      if (!device->record) return;
+      const size_t base = device->launched.size();
+      auto& d = device->done_before[0];
+      const std::vector<size_t> before = d;
+      for (size_t i = 0; i < nodes.size(); ++i) {
+        FakeGpuDevice::Launch l = nodes[i];
+        l.after = before;
+        std::vector<size_t> edges = after.empty() ? (i ? std::vector<size_t>{i - 1} : std::vector<size_t>{}) : after[i];
+        for (size_t e : edges) {
+          const auto& up = device->launched[base + e];
+          l.after.push_back(base + e);
+          l.after.insert(l.after.end(), up.after.begin(), up.after.end());
+        }
+        device->launched.push_back(std::move(l));
+        d.push_back(base + i);
+      }
     }
     FakeGpuDevice* device = nullptr;
     std::vector<FakeGpuDevice::Launch> nodes;
+    std::vector<std::vector<size_t>> after;
 
    private:
     FakeGpuDevice::Launch node(size_t i, const Launch& l) const {
-      FakeGpuDevice::Launch n{l.fn.module, l.fn.name, l.grid, l.block, l.shared_bytes, {}};
+      FakeGpuDevice::Launch n{l.fn.module, l.fn.name, l.grid, l.block, l.shared_bytes, {}, 0, {}};
       const auto* words = static_cast<const uint64_t*>(l.params[0]);
       if (i < device->record_words.size()) n.words.assign(words, words + device->record_words[i]);
       return n;

@@ -15,6 +15,11 @@
 //                    of their own: a diagnostic, and the baseline fused epilogues are
 //                    measured against. Part of each plan's key (plan_options): a call after a
 //                    flip gets the plan of the new setting, built once and cached beside the other.
+//   kernel_overlap   on a GPU, a call's large kernels that do not read what the kernel
+//                    before them writes run beside it (a second stream; a graph's edges),
+//                    so that one starts on the SMs the other's last wave leaves idle (on by
+//                    default; KILN_KERNEL_OVERLAP=0: each call's kernels one after another).
+//                    Decides each call's launches, not the plan.
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -37,6 +42,10 @@ inline std::atomic<bool>& epilogue_fusion_flag() {
   static std::atomic<bool> on{env_switch("KILN_EPILOGUE_FUSION", true)};
   return on;
 }
+inline std::atomic<bool>& kernel_overlap_flag() {
+  static std::atomic<bool> on{env_switch("KILN_KERNEL_OVERLAP", true)};
+  return on;
+}
 }  // namespace detail
 
 inline bool allow_tf32() { return detail::allow_tf32_flag().load(std::memory_order_relaxed); }
@@ -44,6 +53,9 @@ inline void set_allow_tf32(bool on) { detail::allow_tf32_flag().store(on, std::m
 
 inline bool epilogue_fusion() { return detail::epilogue_fusion_flag().load(std::memory_order_relaxed); }
 inline void set_epilogue_fusion(bool on) { detail::epilogue_fusion_flag().store(on, std::memory_order_relaxed); }
+
+inline bool kernel_overlap() { return detail::kernel_overlap_flag().load(std::memory_order_relaxed); }
+inline void set_kernel_overlap(bool on) { detail::kernel_overlap_flag().store(on, std::memory_order_relaxed); }
 
 // The switches that decide a plan, as one word of bits for plans' keys.
 inline constexpr uint8_t kPlanEpiloguesApart = 1;  // epilogue_fusion() is off

@@ -26,6 +26,7 @@ struct CudaDeviceApi : GpuDeviceApi<DeviceKind::cuda, codegen::GpuDialect::cuda>
   static void empty_cache() { cu::empty_cache(); }
   static void flush_cache(cu::CudaDevice& dev) { cu::flush_l2(dev.ordinal()); }
   using Timer = cu::EventTimer;
+  using Event = cu::CudaEvent;
   using Graph = cu::CudaGraph;
   static bool graphs() { return cu::CudaGraph::supported(); }
   static std::string arch_name(cu::CudaDevice& dev) {

@@ -160,6 +160,7 @@ struct DriverApi {
   CUresult (*cuStreamQuery)(CUstream) = nullptr;
   CUresult (*cuEventCreate)(CUevent*, unsigned) = nullptr;
   CUresult (*cuEventRecord)(CUevent, CUstream) = nullptr;
+  CUresult (*cuStreamWaitEvent)(CUstream, CUevent, unsigned) = nullptr;
   CUresult (*cuEventSynchronize)(CUevent) = nullptr;
   CUresult (*cuEventElapsedTime)(float*, CUevent, CUevent) = nullptr;     // _v2 (CUDA 12.8+), else the original
   CUresult (*cuEventDestroy)(CUevent) = nullptr;                          // _v2
@@ -286,6 +287,7 @@ inline bool load_driver_library(const char* path, DriverApi& api, std::string& w
             detail::bind_symbol(lib, api.cuStreamQuery, {"cuStreamQuery"}, missing) &&
             detail::bind_symbol(lib, api.cuEventCreate, {"cuEventCreate"}, missing) &&
             detail::bind_symbol(lib, api.cuEventRecord, {"cuEventRecord"}, missing) &&
+            detail::bind_symbol(lib, api.cuStreamWaitEvent, {"cuStreamWaitEvent"}, missing) &&
             detail::bind_symbol(lib, api.cuEventSynchronize, {"cuEventSynchronize"}, missing) &&
             detail::bind_symbol(lib, api.cuEventElapsedTime, {"cuEventElapsedTime_v2", "cuEventElapsedTime"},
                                 missing) &&

@@ -44,6 +44,7 @@
 #include <string_view>
 #include <type_traits>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "kiln/core/error.hpp"
@@ -80,6 +81,7 @@ inline void set_sync_mode(bool on) { detail::sync_mode_flag().store(on, std::mem
 // ---- caching allocator ---------------------------------------------------------
 
 class CudaDevice;
+class CudaEvent;
 
 namespace detail {
 
@@ -195,6 +197,16 @@ class CudaDevice {
   const DeviceProperties& properties() const { return properties_; }
   CUcontext context() const { return context_; }
   CUstream stream() const { return stream_; }
+  // The second stream of a call whose kernels overlap (runtime::StreamSchedule), made on first use.
+  CUstream side_stream() {
+    std::call_once(side_once_, [&] {
+      make_current();
+      check(driver().cuStreamCreate(&side_stream_, kStreamDefault), "cuStreamCreate (device " + std::to_string(ordinal_) + ")");
+    });
+    return side_stream_;
+  }
+  // Work queued on `stream` after this waits for what `event` last recorded.
+  inline void wait(CUstream stream, const CudaEvent& event) const;
   CachingAllocator& allocator() { return allocator_; }
 
   // Makes this device's context current on the calling thread. Asks the driver
@@ -244,6 +256,8 @@ class CudaDevice {
   const DeviceProperties& properties_;
   CUcontext context_ = nullptr;
   CUstream stream_ = nullptr;
+  CUstream side_stream_ = nullptr;
+  std::once_flag side_once_;
   CachingAllocator allocator_;
   std::atomic<const std::string*> last_kernel_{nullptr};
   std::mutex modules_mutex_;
@@ -629,10 +643,10 @@ class CudaGraph {
 
   bool built() const { return exec_ != nullptr; }
 
-  // Replaces the graph by `launches` on `dev`, in order, each after the one before.
-  // On failure nothing is left built (the next call builds again) and the error names
-  // the kernel.
-  void build(CudaDevice& dev, const std::vector<Launch>& launches) {
+  // Replaces the graph by `launches` on `dev`: launch i after the earlier launches after[i]
+  // names, or, where `after` is empty, each after the one before. On failure nothing is left
+  // built (the next call builds again) and the error names the kernel.
+  void build(CudaDevice& dev, const std::vector<Launch>& launches, const std::vector<std::vector<size_t>>& after = {}) {
     reset();
     const DriverApi& api = driver();
     dev.make_current();
@@ -644,10 +658,15 @@ class CudaGraph {
                    std::to_string(dev.ordinal()) + ": " + what);
     };
     if (CUresult r = api.cuGraphCreate(&graph_, 0); r != kSuccess) fail(r, "cuGraphCreate");
+    std::vector<CUgraphNode> deps;
     for (const Launch& l : launches) {
       KernelNodeParams p = params(l);
-      CUgraphNode node = nullptr, *after = nodes_.empty() ? nullptr : &nodes_.back();
-      if (CUresult r = api.cuGraphAddKernelNode(&node, graph_, after, after ? 1 : 0, &p); r != kSuccess)
+      deps.clear();
+      if (after.empty() && !nodes_.empty()) deps.push_back(nodes_.back());
+      if (!after.empty())
+        for (size_t d : after[nodes_.size()]) deps.push_back(nodes_.at(d));
+      CUgraphNode node = nullptr;
+      if (CUresult r = api.cuGraphAddKernelNode(&node, graph_, deps.data(), deps.size(), &p); r != kSuccess)
         fail(r, "cuGraphAddKernelNode of " + describe(l));
       nodes_.push_back(node);
     }
@@ -705,6 +724,36 @@ class CudaGraph {
   CudaDevice* device_ = nullptr;
   const std::string* last_ = nullptr;  // the last kernel's name (errors name it), stable for the process
 };
+
+// ---- events ---------------------------------------------------------------------
+
+// A point in a stream that another stream waits for (no timing: cheaper to record). Made on
+// its first record; movable, so that a call keeps a vector of them.
+class CudaEvent {
+ public:
+  CudaEvent() = default;
+  CudaEvent(CudaEvent&& o) noexcept : event_(std::exchange(o.event_, nullptr)) {}
+  CudaEvent& operator=(CudaEvent&& o) noexcept {
+    std::swap(event_, o.event_);
+    return *this;
+  }
+  ~CudaEvent() {
+    if (event_) driver().cuEventDestroy(event_);  // NOTE: result ignored: a destructor cannot report it
+  }
+  void record(CudaDevice& dev, CUstream stream) {
+    dev.make_current();
+    if (!event_) check(driver().cuEventCreate(&event_, kEventDisableTiming), "cuEventCreate");
+    dev.check_async(driver().cuEventRecord(event_, stream), "cuEventRecord");
+  }
+  CUevent handle() const { return event_; }
+
+ private:
+  CUevent event_ = nullptr;
+};
+
+inline void CudaDevice::wait(CUstream stream, const CudaEvent& event) const {
+  check_async(driver().cuStreamWaitEvent(stream, event.handle(), 0), "cuStreamWaitEvent");
+}
 
 // ---- timing -------------------------------------------------------------------
 

@@ -635,6 +635,66 @@ inline GpuCall gpu_call(const ir::Graph& g, const CompiledPlan& cp, const Bound&
   return c;
 }
 
+// Which of two streams each kernel of a call runs on (kiln::kernel_overlap). A large kernel
+// that reads nothing the kernel launched before it writes goes to the other stream, so that
+// it starts on the SMs that kernel's last wave leaves idle instead of after it (a persistent
+// GEMM of 4096 tiles on 132 SMs keeps 4 of them busy for its last tile). At most two kernels
+// run at once, so each still has the L2 to itself for most of its run. Kernels that share the
+// device's workspace or staging buffer, and vendor GEMMs (their own workspace, the device's
+// stream), stay on the main stream, in plan order. A kernel waits for the latest kernel of
+// the other stream it reads from (an event; in a graph, an edge); the side stream waits for
+// the main one before its first kernel and the main one for it after its last (fork, join),
+// so what follows the call (the allocator's reuse of its buffers among it) sees it whole.
+// A call with fewer than two large kernels keeps one stream: an event costs about a
+// microsecond of host time, nothing beside kernels of kOverlapGemmWork or kOverlapWork.
+struct StreamSchedule {
+  static constexpr int64_t kOverlapGemmWork = int64_t(1) << 33;  // multiply-adds (~25 us on an H200)
+  static constexpr int64_t kOverlapWork = int64_t(1) << 23;      // elements of a memory-bound kernel
+  std::vector<uint8_t> side;    // per kernel: runs on the side stream (empty: one stream)
+  std::vector<int> wait;        // per kernel: first waits for the event after this kernel, or -1
+  std::vector<uint8_t> record;  // per kernel: an event is recorded after it
+  bool used() const { return !side.empty(); }
+};
+
+inline StreamSchedule schedule_streams(const sched::Plan& p, const GpuCall& call, const std::vector<uint8_t>& by_library) {
+  StreamSchedule s;
+  const auto& kernels = p.kernels;
+  const size_t n = kernels.size();
+  auto large = [&](size_t k) {
+    return call.args[k].work >= (kernels[k].kind == sched::KernelKind::matmul ? s.kOverlapGemmWork : s.kOverlapWork);
+  };
+  int count = 0;
+  for (size_t k = 0; k < n && count < 2; ++k) count += call.launches(k) && large(k);
+  if (count < 2 || !kernel_overlap() || profiling()) return s;
+  // Each kernel's dependencies among the launched kernels (through any that are not launched:
+  // an empty kernel, a prologue its GEMM computes).
+  std::vector<std::vector<int>> reads(n);
+  for (size_t k = 0; k < n; ++k)
+    for (int d : kernels[k].deps) {
+      if (call.launches(size_t(d))) reads[k].push_back(d);
+      else reads[k].insert(reads[k].end(), reads[size_t(d)].begin(), reads[size_t(d)].end());
+    }
+  s.side.assign(n, 0), s.wait.assign(n, -1), s.record.assign(n, 0);
+  int prev = -1, waited[2] = {-1, -1};
+  bool any = false;
+  for (size_t k = 0; k < n; ++k) {
+    if (!call.launches(k)) continue;
+    const codegen::GpuVariant& v = call.vars[k];
+    bool main_only = v.workspace() || v.stage || by_library[k];
+    bool after_prev = prev >= 0 && std::find(reads[k].begin(), reads[k].end(), prev) != reads[k].end();
+    uint8_t on = prev < 0 || main_only ? 0 : s.side[size_t(prev)];
+    if (!main_only && prev >= 0 && large(k) && !after_prev) on = uint8_t(1 - s.side[size_t(prev)]);
+    s.side[k] = on, any |= on;
+    int need = -1;
+    for (int d : reads[k])
+      if (s.side[size_t(d)] != on) need = std::max(need, d);
+    if (need > waited[on]) s.wait[k] = need, s.record[size_t(need)] = 1, waited[on] = need;
+    prev = int(k);
+  }
+  if (!any) return StreamSchedule{};
+  return s;
+}
+
 // Everything of a call that gpu_variant reads besides the plan and the device: each
 // kernel's meta (sizes, strides), stride classes and pointer alignments, and the
 // rows overrides. Two calls with equal inputs get the same variants.
@@ -724,7 +784,7 @@ class GpuBackend final : public Backend {
     if constexpr (!std::is_same_v<typename Api::Graph, NoGraph>)
       if (graphs_in(cp.mode) && !profiling() && Api::graphs() && std::none_of(last.by_library.begin(), last.by_library.end(), [](uint8_t l) { return l; }))
         return launch_graph(cp, call, *last.fns, last, dev);
-    launch_kernels(g, cp, call, *last.fns, last.by_library, last.block, dev);
+    launch_kernels(g, cp, call, *last.fns, last.by_library, last.block, dev, last.events);
   }
 
   // The program of a plan variant for a device of `warp` lanes per warp: what
@@ -744,35 +804,64 @@ class GpuBackend final : public Backend {
 
   // Launches the plan's kernels in order: each GEMM kernel the tuner gave to the vendor
   // library through it, the others as `fns` (the call's variants; a GEMM that stages operands
-  // runs its staging kernel first), on the device's stream.
+  // runs its staging kernel first), on the device's stream, and where the call's kernels
+  // overlap (schedule_streams) some on its side stream, with `events` (grown as needed) between.
+  using Events = std::vector<typename Api::Event>;
   void launch_kernels(const ir::Graph& g, const CompiledPlan& cp, const GpuCall& call, const Loaded& fns,
-                      const std::vector<uint8_t>& by_library, std::vector<uint64_t>& block, Device& dev) {
+                      const std::vector<uint8_t>& by_library, std::vector<uint64_t>& block, Device& dev, Events& events) {
     const auto& kernels = cp.plan.kernels;
+    const size_t n = kernels.size();
     const bool profile = profiling();
-    for (size_t k = 0; k < kernels.size(); ++k) {
-      if (!call.launches(k)) continue;
-      std::optional<typename Api::Timer> timer;  // KILN_PROFILE: the launch between two events
-      if (profile) timer.emplace(dev.ordinal()), timer->start(dev.stream());
-      if (by_library[k] && Api::library_gemm(g, kernels[k], cp.layouts[k], call.args[k], dev)) {
-        kiln::detail::counters_state().kernels_launched.fetch_add(1, std::memory_order_relaxed);
-        if (timer) timer->stop(dev.stream()), detail::profile_record(profile_label(g, cp, k, kernels[k]) + " vendor GEMM", timer->elapsed_ms());
-        continue;
+    const StreamSchedule streams = schedule_streams(cp.plan, call, by_library);
+    bool forked = false;
+    auto join = [&] {
+      if (forked) events[n + 1].record(dev, dev.side_stream()), dev.wait(dev.stream(), events[n + 1]), forked = false;
+    };
+    try {
+      if (streams.used()) {  // the fork: the side stream after all the main one has queued
+        if (events.size() < n + 2) events.resize(n + 2);  // one a kernel, the fork, the join
+        events[n].record(dev, dev.stream()), dev.wait(dev.side_stream(), events[n]), forked = true;
       }
-      const codegen::GpuVariant& v = call.vars[k];
-      TensorMaps maps;
-      GpuLaunch staging;
-      GpuLaunch L = prepare_launch(dev, kernels[k], cp.layouts[k], call.args[k], v, block, maps, staging);
-      KernelDescription describe{&g, &kernels[k]};
-      if (v.stage) launch_one(*fns.stage[k], staging, block, maps, describe, dev);
-      launch_one(fns.main[k], L, block, maps, describe, dev);
-      if (timer) timer->stop(dev.stream()), detail::profile_record(profile_label(g, cp, k, kernels[k]) + " " + variant_text(kernels[k], v), timer->elapsed_ms());
+      for (size_t k = 0; k < n; ++k) {
+        if (!call.launches(k)) continue;
+        auto stream = dev.stream();
+        if (streams.used() && streams.side[k])
+          stream = dev.side_stream(), kiln::detail::counters_state().kernels_overlapped.fetch_add(1, std::memory_order_relaxed);
+        if (streams.used() && streams.wait[k] >= 0) dev.wait(stream, events[size_t(streams.wait[k])]);
+        std::optional<typename Api::Timer> timer;  // KILN_PROFILE (one stream): the launch between two events
+        if (profile) timer.emplace(dev.ordinal()), timer->start(stream);
+        if (by_library[k] && Api::library_gemm(g, kernels[k], cp.layouts[k], call.args[k], dev)) {
+          kiln::detail::counters_state().kernels_launched.fetch_add(1, std::memory_order_relaxed);
+          if (timer) timer->stop(stream), detail::profile_record(profile_label(g, cp, k, kernels[k]) + " vendor GEMM", timer->elapsed_ms());
+          continue;
+        }
+        const codegen::GpuVariant& v = call.vars[k];
+        TensorMaps maps;
+        GpuLaunch staging;
+        GpuLaunch L = prepare_launch(dev, kernels[k], cp.layouts[k], call.args[k], v, block, maps, staging);
+        KernelDescription describe{&g, &kernels[k]};
+        if (v.stage) launch_one(*fns.stage[k], staging, block, maps, describe, stream);
+        launch_one(fns.main[k], L, block, maps, describe, stream);
+        if (streams.used() && streams.record[k]) events[k].record(dev, stream);
+        if (timer) timer->stop(stream), detail::profile_record(profile_label(g, cp, k, kernels[k]) + " " + variant_text(kernels[k], v), timer->elapsed_ms());
+      }
+    } catch (...) {
+      // What the side stream has queued still comes before anything the caller queues next
+      // (the allocator's reuse of this call's buffers).
+      try {
+        join();
+      } catch (...) {
+      }
+      throw;
     }
+    join();
   }
+  template <class Stream>
   static void launch_one(const Function& f, const GpuLaunch& L, std::vector<uint64_t>& block, TensorMaps& maps,
-                         KernelDescription& describe, Device& dev) {
+                         KernelDescription& describe, Stream stream) {
     void* params[] = {block.data(), &maps.a, &maps.b};
     f.launch({L.grid.x, L.grid.y, L.grid.z}, {L.block.x, L.block.y, L.block.z}, L.shared_bytes, params,
-             LazyText{&KernelDescription::text, &describe}, dev.stream());
+             LazyText{&KernelDescription::text, &describe}, stream);
   }
 
   struct LastCall;
@@ -794,16 +883,24 @@ class GpuBackend final : public Backend {
     // in between (an argument block, a tensor map, a driver call) would leave the graph
     // behind its records, so any failure drops the graph and the next call builds it anew.
     try {
-      update_graph(cp, call, fns, st, dev);
+      update_graph(cp, call, fns, last.by_library, st, dev);
     } catch (...) {
       st.graph.reset();
       throw;
     }
   }
-  void update_graph(const CompiledPlan& cp, const GpuCall& call, const Loaded& fns, GraphState& st, Device& dev) {
+  void update_graph(const CompiledPlan& cp, const GpuCall& call, const Loaded& fns, const std::vector<uint8_t>& by_library,
+                    GraphState& st, Device& dev) {
     const auto& kernels = cp.plan.kernels;
     bool same = st.graph.built();
     size_t n = 0;
+    // Where the call's kernels overlap, each node follows the node before it on its stream and
+    // the node it waits for (schedule_streams); otherwise each follows the one before (`after` empty).
+    const StreamSchedule streams = schedule_streams(cp.plan, call, by_library);
+    std::vector<std::vector<size_t>> after;
+    std::vector<size_t> node_of;
+    int last_on[2] = {-1, -1};
+    size_t side_nodes = 0;
     // The next node: launch L of `fn` with the argument block and maps as this call gives them.
     auto add = [&](const Function* fn, const GpuLaunch& L, const TensorMaps& maps) {
       if (n == st.nodes.size()) st.nodes.emplace_back(), same = false;
@@ -813,15 +910,28 @@ class GpuBackend final : public Backend {
       if (node.changed) node.block = st.block, node.maps = maps;
       node.fn = fn, node.launch = L;
     };
+    auto follow = [&](size_t k) {
+      if (!streams.used()) return;
+      std::vector<size_t>& a = after.emplace_back();
+      const int s = streams.side[k];
+      side_nodes += s;
+      if (last_on[s] >= 0) a.push_back(size_t(last_on[s]));
+      if (streams.wait[k] >= 0) a.push_back(node_of[size_t(streams.wait[k])]);
+      last_on[s] = int(after.size()) - 1;
+    };
+    if (streams.used()) node_of.assign(kernels.size(), 0);
     for (size_t k = 0; k < kernels.size(); ++k) {
       if (!call.launches(k)) continue;
       st.maps = TensorMaps{};  // compared whole: no stale bytes where a kernel has no maps
       GpuLaunch staging;
       GpuLaunch L = prepare_launch(dev, kernels[k], cp.layouts[k], call.args[k], call.vars[k], st.block, st.maps, staging);
-      if (call.vars[k].stage) add(&*fns.stage[k], staging, TensorMaps{});
-      add(&fns.main[k], L, st.maps);
+      if (call.vars[k].stage) add(&*fns.stage[k], staging, TensorMaps{}), follow(k);
+      add(&fns.main[k], L, st.maps), follow(k);
+      if (streams.used()) node_of[k] = n - 1;
     }
     if (n != st.nodes.size()) st.nodes.resize(n), same = false;
+    if (after != st.after) st.after = std::move(after), same = false;
+    st.side_nodes = side_nodes;
     if (n == 0) return;  // every kernel empty: nothing to launch
     auto launch_of = [](GraphNode& node) {
       node.params = {node.block.data(), &node.maps.a, &node.maps.b};
@@ -833,7 +943,7 @@ class GpuBackend final : public Backend {
     if (!same) {
       std::vector<typename Api::Graph::Launch> launches;
       for (GraphNode& node : st.nodes) launches.push_back(launch_of(node));
-      st.graph.build(dev, launches);
+      st.graph.build(dev, launches, st.after);
       counters.graphs_built.fetch_add(1, std::memory_order_relaxed);
     } else {
       for (size_t i = 0; i < st.nodes.size(); ++i)
@@ -841,6 +951,7 @@ class GpuBackend final : public Backend {
     }
     st.graph.launch();
     counters.graph_replays.fetch_add(1, std::memory_order_relaxed);
+    counters.kernels_overlapped.fetch_add(st.side_nodes, std::memory_order_relaxed);
     counters.kernels_launched.fetch_add(n, std::memory_order_relaxed);
   }
 
@@ -873,6 +984,8 @@ class GpuBackend final : public Backend {
   struct GraphState {
     typename Api::Graph graph;
     std::vector<GraphNode> nodes;
+    std::vector<std::vector<size_t>> after;  // per node, the nodes it follows (empty: each the one before)
+    size_t side_nodes = 0;                   // nodes on the schedule's side stream (kernels_overlapped)
     std::vector<uint64_t> block;  // this call's, before it is compared
     TensorMaps maps{};
   };
@@ -891,6 +1004,7 @@ class GpuBackend final : public Backend {
     const Loaded* fns = nullptr;  // into cache_ (never erased)
     bool reusable = false;  // a next call with the same inputs may take vars and fns as they are
     std::vector<uint64_t> block;
+    Events events;  // between the call's streams (schedule_streams)
     std::unique_ptr<GraphState> graph;  // the graph of a mode that replays one (graphs_in)
   };
   // This thread's entry for (this backend, plan, device). Never evicted (plans live as long as
@@ -1025,7 +1139,8 @@ class GpuBackend final : public Backend {
     // against 1555 us in the W4 step, and max-autotune chose it over a faster kernel.
     if (!ahead.empty()) {
       std::vector<uint64_t> block;
-      launch_kernels(g, cp, call, functions(g, cp, call.key, call.vars, dev), std::vector<uint8_t>(kernels.size(), 0), block, dev);
+      Events events;
+      launch_kernels(g, cp, call, functions(g, cp, call.key, call.vars, dev), std::vector<uint8_t>(kernels.size(), 0), block, dev, events);
     }
     // The plan as the heuristic chose, kept only where this call tunes a key (validate_choices):
     // max-autotune runs this on every call.
@@ -1055,8 +1170,8 @@ class GpuBackend final : public Backend {
         GpuLaunch L = prepare_launch(dev, kernels[k], cp.layouts[k], call.args[k], v, block, maps, staging);
         KernelDescription describe{&g, &kernels[k]};
         return time_us(dev, [&] {  // a staging kernel is part of its config's time
-          if (stage) launch_one(*stage, staging, block, maps, describe, dev);
-          launch_one(f, L, block, maps, describe, dev);
+          if (stage) launch_one(*stage, staging, block, maps, describe, dev.stream());
+          launch_one(f, L, block, maps, describe, dev.stream());
         });
       });
       if (choice == Api::kLibraryGemm) by_library[k] = 1;
@@ -1092,11 +1207,12 @@ class GpuBackend final : public Backend {
     const Loaded& tuned_fns = functions(g, cp, call.key, call.vars, dev);
     const Loaded& heuristic_fns = functions(g, cp, heuristic.key, heuristic.vars, dev);
     std::vector<uint64_t> block;
+    Events events;
     auto plan_ms = [&](bool with_tuned) {
       typename Api::Timer t(dev.ordinal());
       t.start(dev.stream());
-      if (with_tuned) launch_kernels(g, cp, call, tuned_fns, by_library, block, dev);
-      else launch_kernels(g, cp, heuristic, heuristic_fns, none, block, dev);
+      if (with_tuned) launch_kernels(g, cp, call, tuned_fns, by_library, block, dev, events);
+      else launch_kernels(g, cp, heuristic, heuristic_fns, none, block, dev, events);
       t.stop(dev.stream());
       return double(t.elapsed_ms());
     };

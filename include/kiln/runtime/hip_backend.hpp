@@ -33,6 +33,7 @@ struct HipDeviceApi : GpuDeviceApi<DeviceKind::hip, codegen::GpuDialect::hip> {
   static void empty_cache() { rocm::empty_cache(); }
   static void flush_cache(rocm::HipDevice& dev) { rocm::flush_l2(dev.ordinal()); }
   using Timer = rocm::EventTimer;
+  using Event = rocm::HipEvent;
   static std::string arch_name(rocm::HipDevice& dev) { return dev.properties().arch; }
   // No vendor GEMM candidate for max-autotune (yet): kiln's own kernels only.
   static constexpr const char* kLibraryGemm = "";

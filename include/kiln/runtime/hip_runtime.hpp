@@ -46,6 +46,7 @@
 #include <string_view>
 #include <type_traits>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "kiln/core/error.hpp"
@@ -162,6 +163,7 @@ struct HipApi {
   hipError_t (*hipStreamQuery)(hipStream_t) = nullptr;
   hipError_t (*hipEventCreateWithFlags)(hipEvent_t*, unsigned) = nullptr;
   hipError_t (*hipEventRecord)(hipEvent_t, hipStream_t) = nullptr;
+  hipError_t (*hipStreamWaitEvent)(hipStream_t, hipEvent_t, unsigned) = nullptr;
   hipError_t (*hipEventSynchronize)(hipEvent_t) = nullptr;
   hipError_t (*hipEventElapsedTime)(float*, hipEvent_t, hipEvent_t) = nullptr;
   hipError_t (*hipEventDestroy)(hipEvent_t) = nullptr;
@@ -245,6 +247,7 @@ inline bool load_hip_library(const char* path, HipApi& api, std::string& why) {
   need(api.hipStreamQuery, "hipStreamQuery");
   need(api.hipEventCreateWithFlags, "hipEventCreateWithFlags");
   need(api.hipEventRecord, "hipEventRecord");
+  need(api.hipStreamWaitEvent, "hipStreamWaitEvent");
   need(api.hipEventSynchronize, "hipEventSynchronize");
   need(api.hipEventElapsedTime, "hipEventElapsedTime");
   need(api.hipEventDestroy, "hipEventDestroy");
@@ -586,6 +589,8 @@ class HipModule {
   std::unordered_map<std::string, std::unique_ptr<detail::KernelState>> kernels_;
 };
 
+class HipEvent;
+
 class HipDevice {
  public:
   // Selects the device and creates its stream.
@@ -602,6 +607,16 @@ class HipDevice {
   int ordinal() const { return ordinal_; }
   const DeviceProperties& properties() const { return properties_; }
   hipStream_t stream() const { return stream_; }
+  // The second stream of a call whose kernels overlap (runtime::StreamSchedule), made on first use.
+  hipStream_t side_stream() {
+    std::call_once(side_once_, [&] {
+      make_current();
+      check(hip_api().hipStreamCreateWithFlags(&side_stream_, kStreamDefault), "hipStreamCreateWithFlags (device " + std::to_string(ordinal_) + ")");
+    });
+    return side_stream_;
+  }
+  // Work queued on `stream` after this waits for what `event` last recorded.
+  inline void wait(hipStream_t stream, const HipEvent& event) const;
   CachingAllocator& allocator() { return allocator_; }
 
   // Makes this device current on the calling thread. Asks HIP rather than
@@ -649,6 +664,8 @@ class HipDevice {
   int ordinal_;
   const DeviceProperties& properties_;
   hipStream_t stream_ = nullptr;
+  hipStream_t side_stream_ = nullptr;
+  std::once_flag side_once_;
   CachingAllocator allocator_;
   std::atomic<const std::string*> last_kernel_{nullptr};
   std::mutex modules_mutex_;
@@ -1006,6 +1023,36 @@ inline HipModule& load_hip_module(const std::string& source, int device = 0,
                                   const std::vector<std::string>& extra_options = {},
                                   const std::string& name_hint = "kernels") {
   return hip_device(device).load_module(source, extra_options, name_hint);
+}
+
+// ---- events ---------------------------------------------------------------------
+
+// A point in a stream that another stream waits for (no timing: cheaper to record). Made on
+// its first record; movable, so that a call keeps a vector of them.
+class HipEvent {
+ public:
+  HipEvent() = default;
+  HipEvent(HipEvent&& o) noexcept : event_(std::exchange(o.event_, nullptr)) {}
+  HipEvent& operator=(HipEvent&& o) noexcept {
+    std::swap(event_, o.event_);
+    return *this;
+  }
+  ~HipEvent() {
+    if (event_) hip_api().hipEventDestroy(event_);  // NOTE: result ignored: a destructor cannot report it
+  }
+  void record(HipDevice& dev, hipStream_t stream) {
+    dev.make_current();
+    if (!event_) check(hip_api().hipEventCreateWithFlags(&event_, kEventDisableTiming), "hipEventCreateWithFlags");
+    dev.check_async(hip_api().hipEventRecord(event_, stream), "hipEventRecord");
+  }
+  hipEvent_t handle() const { return event_; }
+
+ private:
+  hipEvent_t event_ = nullptr;
+};
+
+inline void HipDevice::wait(hipStream_t stream, const HipEvent& event) const {
+  check_async(hip_api().hipStreamWaitEvent(stream, event.handle(), 0), "hipStreamWaitEvent");
 }
 
 // ---- timing -------------------------------------------------------------------
