@@ -446,6 +446,47 @@ TEST_CASE("GPU dispatch: max-autotune's tuned calls replay a graph, but where a 
   (void)slow_launched;
 }
 
+TEST_CASE("GPU dispatch: max-autotune's repeat calls keep their choices until the tuning database moves") {
+  ScratchCache cache;  // an empty tuning database: the first call tunes
+  KILN_TEST_RNG(rng);
+  FakeGpuBackend backend;
+  auto a = host<bf16>(rng, Shape<2>{256, 64}), w = host<bf16>(rng, Shape<2>{64, 128}), v = host<bf16>(rng, Shape<2>{128, 96});
+  FakeGpuDevice& dev = FakeGpuApi::device(0);
+  Sm80 sm80(dev);
+  ir::Graph g = ir::trace(matmul(relu(matmul(a, w)), v));  // two GEMMs, two keys
+  auto cp = runtime::plan_for(g, Mode::max_autotune);
+  runtime::Bound b = runtime::bind_buffers(g, cp->plan);
+  auto call = [&] {
+    Counters c0 = counters();
+    dev.clear_launched();
+    dev.record = true;
+    backend.run(g, *cp, b);
+    dev.record = false;
+    Counters c1 = counters();
+    std::vector<std::string> names;
+    for (const auto& l : dev.launched) names.push_back(l.module->source);
+    return std::tuple{c1.tunings - c0.tunings, c1.tune_db_hits - c0.tune_db_hits, names};
+  };
+  auto [tuned, hits, first] = call();
+  CHECK(tuned == 2);
+  // The tunings stored entries, so the next call looks its keys up again.
+  auto [tuned2, hits2, second] = call();
+  CHECK(tuned2 == 0);
+  CHECK(hits2 >= 2);
+  // Nothing moved since: the third call keeps the second's choices and programs, looks nothing up.
+  auto [tuned3, hits3, third] = call();
+  CHECK(tuned3 == 0);
+  CHECK(hits3 == 0);
+  CHECK(third == second);
+  // The database cleared (as another process's entries might have come in): looked up again.
+  tune::db().clear_memory();
+  auto [tuned4, hits4, fourth] = call();
+  CHECK(tuned4 == 0);
+  CHECK(hits4 == hits2);
+  CHECK(fourth == second);
+  CHECK(first.size() > second.size());  // the tuning's runs of each candidate
+}
+
 TEST_CASE("GPU dispatch: max-autotune's check on the plan puts back only the choices this call tuned, never a database hit's") {
   ScratchCache cache;
   KILN_TEST_RNG(rng);

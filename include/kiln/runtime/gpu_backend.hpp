@@ -756,10 +756,15 @@ class GpuBackend final : public Backend {
     call.args.resize(kernels.size());
     for (size_t k = 0; k < kernels.size(); ++k) bind_kernel(g, kernels[k], cp.layouts[k], b, call.args[k]);
     // A call with the inputs of this thread's last call of the plan on this device has its
-    // variants and program: no variant choice, hashing or lock. Not where something the
-    // inputs do not show decides: max-autotune (the tuning database), a GEMM chooser hook.
+    // variants and program: no variant choice, hashing or lock. In max-autotune, also the
+    // tuning database as it was (its generation: a store or clear makes the next call look
+    // again). Not where a GEMM chooser hook decides, which the inputs do not show.
+    // NOTE: max-autotune's lookups (each GEMM's candidates and key) took 163 us of host time a
+    // call of W4's step (the fake device, 2-core machine), 2.2 us reused: time the GPU waits
+    // for after each cache flush of a flushed timing.
     variant_inputs(call.args, last.inputs_now);
-    bool reusable = cp.mode != Mode::max_autotune && !codegen::gemm_chooser();
+    if (cp.mode == Mode::max_autotune) last.inputs_now.push_back(int64_t(tune::db().generation()));
+    bool reusable = !codegen::gemm_chooser();
     if (!(reusable && last.reusable && last.inputs_now == last.inputs)) {
       last.reusable = false;
       int arch = 0;

@@ -21,6 +21,7 @@
 // (ep-<hash>) have other key texts, so other files; they are never read.
 #pragma once
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -115,13 +116,19 @@ class Db {
     if (err != 0) throw Error("kiln: cannot write tuning entry '" + path + "': " + jit::detail::errno_text(err));
     std::lock_guard lock(mu_);
     memory_[path] = e;
+    generation_.fetch_add(1, std::memory_order_relaxed);
   }
 
   // Forgets what this process read (tests: the next find() reads the disk).
   void clear_memory() {
     std::lock_guard lock(mu_);
     memory_.clear();
+    generation_.fetch_add(1, std::memory_order_relaxed);
   }
+
+  // Moves on every store and clear in this process: a caller that kept what find() gave
+  // (max-autotune's repeat calls, runtime/gpu_backend.hpp) looks again when it has moved.
+  uint64_t generation() const { return generation_.load(std::memory_order_relaxed); }
 
   // `<cache>/tune`, created 0700 and checked like the cache directory.
   static std::string dir() {
@@ -180,6 +187,7 @@ class Db {
 
   std::mutex mu_;
   std::unordered_map<std::string, Entry> memory_;  // by path (the cache directory may change)
+  std::atomic<uint64_t> generation_{0};
 };
 
 inline Db& db() {
