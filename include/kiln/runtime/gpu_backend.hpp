@@ -7,7 +7,8 @@
 // size; generates the plan's variant as one CUDA or HIP program
 // (codegen/gpu.hpp, the policy's dialect); compiles and loads it once per device
 // through the policy's runtime (memory, then disk, then NVRTC / hipRTC); launches
-// each kernel with its argument block on the device's stream. Also the storage
+// each kernel with its argument block on the device's stream, or beside the kernel before
+// it on a second stream (schedule_streams). Also the storage
 // hooks over the policy's allocator, and the default-device probe: the first
 // CUDA GPU, else the first HIP GPU, else the CPU, whichever backends the program
 // includes and in whatever order they register.
@@ -20,8 +21,9 @@
 //   static void copy(void* dst, Device dd, const void* src, Device sd, size_t bytes);
 //                                              host<->device and device<->device of this kind
 //   static void empty_cache();                 every device's cached blocks back (kiln::empty_cache)
+//   Event                                      record(device, stream); device.wait(stream, event)
 // where Device has make_current(), ordinal(), properties() (warp_size,
-// sm_count), stream(), allocator() (runtime/caching_allocator.hpp) and
+// sm_count), stream(), side_stream(), wait(stream, event), allocator() (runtime/caching_allocator.hpp) and
 // load_module(source, options, name) -> Module& with function(name) ->
 // Function, and Function has launch({x, y, z}, {x, y, z}, shared_bytes, args,
 // describe, stream). The two runtimes (cuda_runtime.hpp, hip_runtime.hpp)
@@ -1270,8 +1272,9 @@ class GpuBackend final : public Backend {
 
   // Split rows and stream-K GEMMs: room for `words` 8-byte partials and `counters` zeroed
   // counters (one per row, per column block, or per GEMM block), on the device; grown (never shrunk) as calls need. The
-  // kernels leave the counters at zero again. NOTE: launches on the device's one stream run
-  // in order, so calls share the workspace; a grown one is zeroed in that stream's order too.
+  // kernels leave the counters at zero again. NOTE: the kernels that use it run on the device's
+  // main stream only (schedule_streams), in order, so calls share the workspace; a grown one is
+  // zeroed in that stream's order too.
   void split_workspace(Device& dev, size_t words, unsigned counters, uint64_t* ws) {
     std::lock_guard lock(mu_);
     Workspace& w = workspaces_[dev.ordinal()];
@@ -1287,8 +1290,8 @@ class GpuBackend final : public Backend {
     ws[1] = reinterpret_cast<uint64_t>(w.counters->data());
   }
   // The buffers of a GEMM's staged operands (GpuVariant::stage), A's then B's, each 256-byte
-  // aligned, in one buffer of the device that grows to the largest call's: the plan's GEMMs
-  // run one after another on the stream, each staging right before it reads.
+  // aligned, in one buffer of the device that grows to the largest call's: the GEMMs that stage
+  // run one after another on the main stream (schedule_streams), each staging right before it reads.
   void stage_buffers(Device& dev, const KernelArgs& args, const codegen::GpuVariant& v, uint64_t* st) {
     size_t offset[2] = {}, bytes = 0;
     for (int o = 0; o < 2; ++o)
