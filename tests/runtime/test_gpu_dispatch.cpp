@@ -728,6 +728,25 @@ TEST_CASE("GPU dispatch: a training step's large independent kernels overlap on 
     CHECK(unordered() == 0);
     CHECK(counters().kernels_overlapped == c0.kernels_overlapped + uint64_t(side));
   }
+  // A launch that fails halfway: the error reaches the caller, and what the side stream had
+  // queued still comes before anything the main stream runs next (the allocator's reuse).
+  for (size_t fail : {size_t(5), size_t(8)}) {
+    CAPTURE(fail);
+    dev.clear_launched();
+    dev.record = true;
+    dev.fail_launch = dev.launches + fail;
+    ir::Graph g = std::apply([](const auto&... o) { return ir::trace(o...); }, large);
+    auto cp = runtime::plan_for(g, Mode::fused);
+    runtime::Bound b = runtime::bind_buffers(g, cp->plan);
+    CHECK_THROWS_WITH_AS(backend.run(g, *cp, b), doctest::Contains("CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"), Error);
+    dev.fail_launch = size_t(-1);
+    dev.record = false;
+    CHECK(dev.launched.size() == fail);
+    CHECK(std::count_if(dev.launched.begin(), dev.launched.end(), [](const auto& l) { return l.stream == 1; }) > 0);
+    CHECK(dev.done_before[0].size() == dev.launched.size());
+  }
+  check_ordered(run(Mode::fused, large), dev);  // and the next call runs as before
+  CHECK(on_side() == side);
   // A small step keeps one stream: no event is worth its microsecond there.
   waits = dev.waits;
   check_ordered(run(Mode::fused, small), dev);

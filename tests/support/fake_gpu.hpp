@@ -57,6 +57,8 @@ struct FakeGpuDevice {
     const Module* module = nullptr;
     std::string name;
     void launch(Dim3 grid, Dim3 block, unsigned shared_bytes, void** params, const LazyText&, void* stream) const {
+      if (device->fail_launch == device->launches)
+        throw Error("kiln: cuLaunchKernel of '" + name + "' failed: CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES (fake driver)");
       kiln::detail::counters_state().kernels_launched.fetch_add(1, std::memory_order_relaxed);
       ++device->launches;
       if (!device->record) return;
@@ -80,6 +82,7 @@ struct FakeGpuDevice {
   std::deque<Module> modules;  // every load, in order
   std::deque<ModuleRef> refs;
   size_t launches = 0;
+  size_t fail_launch = size_t(-1);   // the launch with this count (`launches` before it) throws, as a driver's may
   bool record = false;               // keep each launch in `launched`
   std::vector<size_t> record_words;  // per launch: how many argument-block words to keep (its size at most)
   std::vector<Launch> launched;
