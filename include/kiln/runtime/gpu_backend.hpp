@@ -640,15 +640,18 @@ inline GpuCall gpu_call(const ir::Graph& g, const CompiledPlan& cp, const Bound&
 // Which of two streams each kernel of a call runs on (kiln::kernel_overlap). A large kernel
 // that reads nothing the kernel launched before it writes goes to the other stream, so that
 // it starts on the SMs that kernel's last wave leaves idle instead of after it (a persistent
-// GEMM of 4096 tiles on 132 SMs keeps 4 of them busy for its last tile). At most two kernels
-// run at once, so each still has the L2 to itself for most of its run. Kernels that share the
-// device's workspace or staging buffer, and vendor GEMMs (their own workspace, the device's
-// stream), stay on the main stream, in plan order. A kernel waits for the latest kernel of
-// the other stream it reads from (an event; in a graph, an edge); the side stream waits for
-// the main one before its first kernel and the main one for it after its last (fork, join),
-// so what follows the call (the allocator's reuse of its buffers among it) sees it whole.
-// A call with fewer than two large kernels keeps one stream: an event costs about a
-// microsecond of host time, nothing beside kernels of kOverlapGemmWork or kOverlapWork.
+// GEMM of 4096 tiles on 132 SMs keeps 4 of them busy for its last tile). Two streams: at most
+// two kernels run at once. Kernels that share the device's workspace or staging buffer, and
+// vendor GEMMs (their own workspace, the device's stream), stay on the main stream, in plan
+// order. A kernel waits for the latest kernel of the other stream it reads from (an event; in
+// a graph, an edge); the side stream waits for the main one at the call's start and the main
+// one for it at the end (fork, join), so what follows the call (the allocator's reuse of its
+// buffers among it) sees it whole. A call with fewer than two large kernels keeps one stream:
+// an event costs about a microsecond of host time, nothing beside kernels of kOverlapGemmWork
+// or kOverlapWork.
+// NOTE: on an H200 W4's step (three kernels beside others) took 1.2% less time as
+// torch_anchor.py times it, 0.7% flushed, 0.4% as a graph back to back, and the same in 100-step
+// loops, where the power limit holds the clock (docs/benchmarks.md, twenty-ninth session).
 struct StreamSchedule {
   static constexpr int64_t kOverlapGemmWork = int64_t(1) << 33;  // multiply-adds (~25 us on an H200)
   static constexpr int64_t kOverlapWork = int64_t(1) << 23;      // elements of a memory-bound kernel
