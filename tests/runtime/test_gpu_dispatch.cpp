@@ -747,6 +747,11 @@ TEST_CASE("GPU dispatch: a training step's large independent kernels overlap on 
   }
   check_ordered(run(Mode::fused, large), dev);  // and the next call runs as before
   CHECK(on_side() == side);
+  // A large forward alone is a chain (each GEMM reads the one before): one stream, no event.
+  waits = dev.waits;
+  run(Mode::fused, std::tuple{std::get<0>(large)});
+  CHECK(on_side() == 0);
+  CHECK(dev.waits == waits);
   // A small step keeps one stream: no event is worth its microsecond there.
   waits = dev.waits;
   check_ordered(run(Mode::fused, small), dev);
