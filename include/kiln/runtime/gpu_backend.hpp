@@ -941,7 +941,6 @@ class GpuBackend final : public Backend {
     }
     if (n != st.nodes.size()) st.nodes.resize(n), same = false;
     if (after != st.after) st.after = std::move(after), same = false;
-    st.side_nodes = side_nodes;
     if (n == 0) return;  // every kernel empty: nothing to launch
     auto launch_of = [](GraphNode& node) {
       node.params = {node.block.data(), &node.maps.a, &node.maps.b};
@@ -961,7 +960,7 @@ class GpuBackend final : public Backend {
     }
     st.graph.launch();
     counters.graph_replays.fetch_add(1, std::memory_order_relaxed);
-    counters.kernels_overlapped.fetch_add(st.side_nodes, std::memory_order_relaxed);
+    counters.kernels_overlapped.fetch_add(side_nodes, std::memory_order_relaxed);
     counters.kernels_launched.fetch_add(n, std::memory_order_relaxed);
   }
 
@@ -995,7 +994,6 @@ class GpuBackend final : public Backend {
     typename Api::Graph graph;
     std::vector<GraphNode> nodes;
     std::vector<std::vector<size_t>> after;  // per node, the nodes it follows (empty: each the one before)
-    size_t side_nodes = 0;                   // nodes on the schedule's side stream (kernels_overlapped)
     std::vector<uint64_t> block;  // this call's, before it is compared
     TensorMaps maps{};
   };
