@@ -362,21 +362,23 @@ TEST_CASE("grad: a full reduction's gradient reaches its operand by value; a mea
   check_grad("sum over every dim, then a scalar op", [](const auto& a) { return exp(sum(a * a) * 0.01); }, x);
   // The loss's gradient 2 y / numel is a scalar broadcast into y's shape: computed where it is
   // read (no kernel stores it for another to load through a view), so dy joins y's GEMM as a
-  // second output of its epilogue. Ten kernels: six GEMMs, the loss's sum and its scalar,
-  // the two bias gradients' column sums; one pointwise kernel (the loss), no separate dy.
+  // second output of its epilogue. The loss's scale 1 / numel runs on the sum before the reshape
+  // that drops its dims (ir::Tracer::sink_squeeze), in the sum's kernel. Nine kernels: six GEMMs,
+  // the loss (one rows kernel), the two bias gradients' column sums; no pointwise kernel, no
+  // separate dy.
   auto loss = mlp(x, W1, b1, W2, b2);
   auto [gx, gW1, gb1, gW2, gb2] = kiln::grad(loss, x, W1, b1, W2, b2);
   std::string plan = explain(Mode::fused, loss, gx, gW1, gb1, gW2, gb2);
   CAPTURE(plan);
-  CHECK(kernel_count(Mode::fused, loss, gx, gW1, gb1, gW2, gb2) == 10);
+  CHECK(kernel_count(Mode::fused, loss, gx, gW1, gb1, gW2, gb2) == 9);
   CHECK(occurrences(plan, "(matmul") == 6);
-  CHECK(occurrences(plan, "(pointwise)") == 1);
+  CHECK(occurrences(plan, "(pointwise)") == 0);
   CHECK(occurrences(plan, "(rows)") == 3);
   // A classifier's step: cross_entropy is a mean over the batch of per-row sums, so its
   // gradient goes back through two reshapes (of a scalar, then of a broadcast of it). No
-  // kernel stores a broadcast scalar: eleven kernels (six GEMMs, log_softmax forward and
-  // backward in one rows kernel, the batch mean's sum and scalar, the bias gradients); thirteen
-  // when the reshapes were views.
+  // kernel stores a broadcast scalar: ten kernels (six GEMMs, log_softmax forward and
+  // backward in one rows kernel, the batch mean (its sum and scale in one rows kernel), the bias
+  // gradients); thirteen when the reshapes were views, eleven when the scale was a kernel of its own.
   std::vector<double> labels(static_cast<size_t>(M));
   for (int64_t i = 0; i < M; ++i) labels[size_t(i)] = double(rng.integer(0, K - 1));
   auto target = Tensor<i64, 1>::from({M}, labels);
@@ -392,7 +394,7 @@ TEST_CASE("grad: a full reduction's gradient reaches its operand by value; a mea
     std::string line = ce_plan.substr(at, ce_plan.find('\n', at) - at);
     CHECK(line.find(":expand") == std::string::npos);
   }
-  CHECK(kernel_count(Mode::fused, ce, cx, cW1, cb1, cW2, cb2) == 11);
+  CHECK(kernel_count(Mode::fused, ce, cx, cW1, cb1, cW2, cb2) == 10);
 }
 
 // ---- save or recompute: the plan's backward loads the cheapest set of forward values ----

@@ -63,6 +63,38 @@ TEST_CASE("row composites fuse: softmax, log_softmax, layer_norm, rms_norm, var_
   CHECK(kernel_count(Mode::fused, x.t + 1, kiln::exp(x.t), x.t * w.t) == 1);
 }
 
+// A reduction's rank-dropping form is a reshape of its keepdim value; a pointwise op after it
+// runs on the keepdim value (ir::Tracer::sink_squeeze), so it joins the reduction's kernel.
+TEST_CASE("a mean loss and a pointwise op after a reduction that drops its dims are one kernel") {
+  KILN_TEST_RNG(rng);
+  for (Shape<2> shape : {Shape<2>{37, 129}, Shape<2>{1, 5}, Shape<2>{64, 1}, Shape<2>{1, 1}})
+  for (Layout layout : {Layout::contiguous, Layout::transposed, Layout::strided}) {
+    auto x = input<f32, 2>(rng, shape, layout), y = input<f32, 2>(rng, shape);
+    CAPTURE(str(dims(shape)));
+    CAPTURE(name(layout));
+    auto loss = kiln::mean(x.t * x.t);
+    auto rows = kiln::sqrt(kiln::sum(x.t * x.t, 1) * 2.0f) - kiln::mean(x.t, 1);
+    auto cols = kiln::sum(x.t, 0) * kiln::amax(y.t, 0);
+    CHECK(kernel_count(Mode::fused, loss) == 1);
+    CHECK(kernel_count(Mode::fused, rows) == 1);
+    CHECK(kernel_count(Mode::fused, cols) <= 2);  // two operands: a kernel each at most
+    Counters before = counters();
+    Tensor<f32, 0> l = loss;
+    CHECK(counters().kernels_launched - before.kernels_launched == 1);
+    Tensor<f32, 1> r = rows, c = cols;
+    const double n = double(count(dims(shape)));
+    check_close(l, ref::map(ref::sum(ref::zip(x.a, x.a, [](double p, double q) { return p * q; }), {0, 1}),
+                            [n](double v) { return v / n; }),
+                {2e-5, 1e-6}, "mean(x * x)");
+    Array sq = ref::sum(ref::zip(x.a, x.a, [](double p, double q) { return p * q; }), {1});
+    Array mean1 = ref::map(ref::sum(x.a, {1}), [&](double v) { return v / double(shape[1]); });
+    check_close(r, ref::zip(sq, mean1, [](double s2, double m) { return std::sqrt(2 * s2) - m; }), {2e-5, 1e-5},
+                "sqrt(sum(x * x, 1) * 2) - mean(x, 1)");
+    check_close(c, ref::zip(ref::sum(x.a, {0}), ref::amax(y.a, {0}), [](double p, double q) { return p * q; }), {2e-5, 1e-5},
+                "sum(x, 0) * amax(y, 0)");
+  }
+}
+
 TEST_CASE("a subexpression used twice is computed once") {
   KILN_TEST_RNG(rng);
   auto x = input<f32, 2>(rng, {37, 129});
