@@ -329,8 +329,7 @@ class Tracer {
     for (int id : ids)
       if (squeezed(id) >= 0) view = id, kept = squeezed(id);
     if (view < 0) return -1;
-    const Node& v = g_.nodes[size_t(view)];
-    const Node& c = g_.nodes[size_t(kept)];
+    const Node v = g_.nodes[size_t(view)], c = g_.nodes[size_t(kept)];  // copies: add() may move the nodes
     if (n.rank != v.rank || !std::equal(n.shape.begin(), n.shape.begin() + n.rank, v.shape.begin())) return -1;
     std::array<int32_t, 3> args{};
     for (size_t i = 0; i < ids.size(); ++i) {
