@@ -64,8 +64,9 @@ TEST_CASE("row composites fuse: softmax, log_softmax, layer_norm, rms_norm, var_
 }
 
 // A reduction's rank-dropping form is a reshape of its keepdim value; a pointwise op after it
-// runs on the keepdim value (ir::Tracer::sink_squeeze), so it joins the reduction's kernel.
-TEST_CASE("a mean loss and a pointwise op after a reduction that drops its dims are one kernel") {
+// runs on the keepdim value (ir::Tracer::sink_squeeze), and a reshape of that reshape is one
+// reshape, none where it restores the shape (collapse_reshapes), so both join the reduction's kernel.
+TEST_CASE("a mean loss, and a pointwise op after a reduction that drops its dims (or drops and restores them), are one kernel") {
   KILN_TEST_RNG(rng);
   for (Shape<2> shape : {Shape<2>{37, 129}, Shape<2>{1, 5}, Shape<2>{64, 1}, Shape<2>{1, 1}})
   for (Layout layout : {Layout::contiguous, Layout::transposed, Layout::strided}) {
@@ -75,13 +76,16 @@ TEST_CASE("a mean loss and a pointwise op after a reduction that drops its dims 
     auto loss = kiln::mean(x.t * x.t);
     auto rows = kiln::sqrt(kiln::sum(x.t * x.t, 1) * 2.0f) - kiln::mean(x.t, 1);
     auto cols = kiln::sum(x.t, 0) * kiln::amax(y.t, 0);
+    auto centred = x.t - kiln::unsqueeze(kiln::mean(x.t, 1), 1);  // the dims dropped, then put back
     CHECK(kernel_count(Mode::fused, loss) == 1);
     CHECK(kernel_count(Mode::fused, rows) == 1);
+    CHECK(kernel_count(Mode::fused, centred) == 1);
     CHECK(kernel_count(Mode::fused, cols) <= 2);  // two operands: a kernel each at most
     Counters before = counters();
     Tensor<f32, 0> l = loss;
     CHECK(counters().kernels_launched - before.kernels_launched == 1);
     Tensor<f32, 1> r = rows, c = cols;
+    Tensor<f32, 2> d = centred;
     const double n = double(count(dims(shape)));
     check_close(l, ref::map(ref::sum(ref::zip(x.a, x.a, [](double p, double q) { return p * q; }), {0, 1}),
                             [n](double v) { return v / n; }),
@@ -90,6 +94,8 @@ TEST_CASE("a mean loss and a pointwise op after a reduction that drops its dims 
     Array mean1 = ref::map(ref::sum(x.a, {1}), [&](double v) { return v / double(shape[1]); });
     check_close(r, ref::zip(sq, mean1, [](double s2, double m) { return std::sqrt(2 * s2) - m; }), {2e-5, 1e-5},
                 "sqrt(sum(x * x, 1) * 2) - mean(x, 1)");
+    check_close(d, ref::zip(x.a, ref::expand(ref::reshape(mean1, {shape[0], 1}), dims(shape)), [](double p, double m) { return p - m; }),
+                {2e-5, 1e-5}, "x - unsqueeze(mean(x, 1), 1)");
     check_close(c, ref::zip(ref::sum(x.a, {0}), ref::amax(y.a, {0}), [](double p, double q) { return p * q; }), {2e-5, 1e-5},
                 "sum(x, 0) * amax(y, 0)");
   }

@@ -195,6 +195,7 @@ class Tracer {
       }
       if (int sunk = sink_squeeze(n, std::span<const int32_t>(ids)); sunk >= 0) return sunk;
       if constexpr (T::op == Prim::view) {
+        if (int same = collapse_reshapes(n, ids[0]); same >= 0) return same;
         if (int folded = fold_view(n, ids[0]); folded >= 0) return folded;
         if (int repeat = fold_repeat(n, ids[0]); repeat >= 0) return repeat;
         // A reshape that strides cannot express (of a non-contiguous leaf, or of a permuted or
@@ -300,6 +301,21 @@ class Tracer {
     Node e{};
     e.op = Prim::expand, e.dtype = n.dtype, e.rank = n.rank, e.ones = n.ones, e.shape = n.shape;
     return add(std::move(e), {one});
+  }
+
+  // A reshape of a reshape of a computed value (a buffer in row-major order) is one reshape
+  // of that value, and no view at all where it gives the value's own shape back:
+  // `unsqueeze(mean(x, 1), 1)` is `mean(x, 1, keepdim)`, which a pointwise consumer reads in its
+  // own kernel rather than through a view of a stored buffer.
+  int collapse_reshapes(const Node& n, int child) {
+    const Node& v = g_.nodes[size_t(child)];
+    if (n.view->kind != ViewKind::reshape || v.op != Prim::view || v.view->kind != ViewKind::reshape) return -1;
+    const int under = g_.arg(v, 0);
+    const Node u = g_.nodes[size_t(under)];  // a copy: add() may move the nodes
+    if (u.op == Prim::input || u.op == Prim::view) return -1;
+    if (u.rank == n.rank && std::equal(u.shape.begin(), u.shape.begin() + u.rank, n.shape.begin())) return under;
+    Node direct = n;
+    return add(std::move(direct), {under});
   }
 
   // A pointwise op on a reduction's rank-dropping form (a reshape that only drops size-1 dims
