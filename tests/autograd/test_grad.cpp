@@ -363,7 +363,7 @@ TEST_CASE("grad: a full reduction's gradient reaches its operand by value; a mea
   // The loss's gradient 2 y / numel is a scalar broadcast into y's shape: computed where it is
   // read (no kernel stores it for another to load through a view), so dy joins y's GEMM as a
   // second output of its epilogue. The loss's scale 1 / numel runs on the sum before the reshape
-  // that drops its dims (ir::Tracer::sink_squeeze), in the sum's kernel. Nine kernels: six GEMMs,
+  // that drops its dims (ir::Tracer::sink_reshape), in the sum's kernel. Nine kernels: six GEMMs,
   // the loss (one rows kernel), the two bias gradients' column sums; no pointwise kernel, no
   // separate dy.
   auto loss = mlp(x, W1, b1, W2, b2);

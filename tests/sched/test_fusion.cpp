@@ -63,10 +63,11 @@ TEST_CASE("row composites fuse: softmax, log_softmax, layer_norm, rms_norm, var_
   CHECK(kernel_count(Mode::fused, x.t + 1, kiln::exp(x.t), x.t * w.t) == 1);
 }
 
-// A reduction's rank-dropping form is a reshape of its keepdim value; a pointwise op after it
-// runs on the keepdim value (ir::Tracer::sink_squeeze), and a reshape of that reshape is one
-// reshape, none where it restores the shape (collapse_reshapes), so both join the reduction's kernel.
-TEST_CASE("a mean loss, and a pointwise op after a reduction that drops its dims (or drops and restores them), are one kernel") {
+// A reduction's rank-dropping form is a reshape of its keepdim value; a pointwise op after a
+// reshape of a computed value runs on that value (ir::Tracer::sink_reshape), and a reshape of a
+// reshape is one reshape, none where it restores the shape (collapse_reshapes): each of these
+// joins the kernel that computes the value.
+TEST_CASE("a mean loss, and a pointwise op after a reduction that drops its dims (or drops and restores them) or after a reshape, are one kernel") {
   KILN_TEST_RNG(rng);
   for (Shape<2> shape : {Shape<2>{37, 129}, Shape<2>{1, 5}, Shape<2>{64, 1}, Shape<2>{1, 1}})
   for (Layout layout : {Layout::contiguous, Layout::transposed, Layout::strided}) {
@@ -77,15 +78,20 @@ TEST_CASE("a mean loss, and a pointwise op after a reduction that drops its dims
     auto rows = kiln::sqrt(kiln::sum(x.t * x.t, 1) * 2.0f) - kiln::mean(x.t, 1);
     auto cols = kiln::sum(x.t, 0) * kiln::amax(y.t, 0);
     auto centred = x.t - kiln::unsqueeze(kiln::mean(x.t, 1), 1);  // the dims dropped, then put back
+    auto flat = kiln::reshape(x.t * 2.0f, std::array<int64_t, 1>{shape[0] * shape[1]}) + 1.0f;  // a reshape of a kernel's output
     CHECK(kernel_count(Mode::fused, loss) == 1);
     CHECK(kernel_count(Mode::fused, rows) == 1);
     CHECK(kernel_count(Mode::fused, centred) == 1);
+    CHECK(kernel_count(Mode::fused, flat) == 1);
     CHECK(kernel_count(Mode::fused, cols) <= 2);  // two operands: a kernel each at most
     Counters before = counters();
     Tensor<f32, 0> l = loss;
     CHECK(counters().kernels_launched - before.kernels_launched == 1);
     Tensor<f32, 1> r = rows, c = cols;
     Tensor<f32, 2> d = centred;
+    Tensor<f32, 1> f = flat;
+    check_close(f, ref::map(ref::reshape(x.a, {count(dims(shape))}), [](double p) { return float(p * 2) + 1.0; }), {2e-6, 1e-6},
+                "reshape(x * 2, [n]) + 1");
     const double n = double(count(dims(shape)));
     check_close(l, ref::map(ref::sum(ref::zip(x.a, x.a, [](double p, double q) { return p * q; }), {0, 1}),
                             [n](double v) { return v / n; }),

@@ -193,7 +193,7 @@ class Tracer {
       if constexpr (T::op == Prim::mul || T::op == Prim::add) {
         if (int f = factor_tangent(n, ids[0], ids[1]); f >= 0) return f;
       }
-      if (int sunk = sink_squeeze(n, std::span<const int32_t>(ids)); sunk >= 0) return sunk;
+      if (int sunk = sink_reshape(n, std::span<const int32_t>(ids)); sunk >= 0) return sunk;
       if constexpr (T::op == Prim::view) {
         if (int same = collapse_reshapes(n, ids[0]); same >= 0) return same;
         if (int folded = fold_view(n, ids[0]); folded >= 0) return folded;
@@ -318,41 +318,36 @@ class Tracer {
     return add(std::move(direct), {under});
   }
 
-  // A pointwise op on a reduction's rank-dropping form (a reshape that only drops size-1 dims
-  // of a computed value: `sum(x, 1)`, `mean(x)`) runs on the value as computed, dims kept,
-  // and the reshape follows it: `mean(x)` is `reshape(sum(x, keepdim) * (1 / n))`, so the
-  // scale joins the reduction's kernel as a row-level store where the reshape's view would
-  // have read a stored buffer in a kernel of its own. The other operands: the same form of a
-  // value of the same shape, or a value of one element (broadcast either way). Exact: the same
-  // elements in the same order.
-  int sink_squeeze(const Node& n, std::span<const int32_t> ids) {
+  // A pointwise op on a reshape of a computed value (a buffer in row-major order: a reduction's
+  // rank-dropping form `sum(x, 1)`, `mean(x)`, or any reshape of a kernel's output) runs on the
+  // value as computed and the reshape follows it: `mean(x)` is `reshape(sum(x, keepdim) * (1 / n))`,
+  // so the scale joins the reduction's kernel as a row-level store, where the reshape's view would
+  // have read a stored buffer in a kernel of its own. The other operands: a reshape to the same
+  // shape of a value of the same shape, or a value of one element (broadcast either way). Exact:
+  // the same elements in the same order.
+  int sink_reshape(const Node& n, std::span<const int32_t> ids) {
     const PrimKind k = prim_info(n.op).kind;
     if (ids.empty() || !(k == PrimKind::unary || k == PrimKind::binary || k == PrimKind::ternary || k == PrimKind::cast)) return -1;
-    auto squeezed = [&](int id) -> int {  // the computed value `id` drops size-1 dims of, else -1
+    auto reshaped = [&](int id) -> int {  // the computed value `id` is a reshape of, else -1
       const Node& v = g_.nodes[size_t(id)];
       if (v.op != Prim::view || v.view->kind != ViewKind::reshape) return -1;
       const int c = g_.arg(v, 0);
-      const Node& cn = g_.nodes[size_t(c)];
-      if (cn.op == Prim::input || cn.op == Prim::view || cn.rank <= v.rank) return -1;
-      for (int i = 0, j = 0; i < cn.rank; ++i) {
-        if (j < v.rank && cn.shape[size_t(i)] == v.shape[size_t(j)]) ++j;
-        else if (cn.shape[size_t(i)] != 1) return -1;
-        if (i + 1 == cn.rank && j != v.rank) return -1;
-      }
-      return c;
+      const Prim op = g_.nodes[size_t(c)].op;
+      return op == Prim::input || op == Prim::view ? -1 : c;
     };
-    int view = -1, kept = -1;
+    int view = -1;
     for (int id : ids)
-      if (squeezed(id) >= 0) view = id, kept = squeezed(id);
+      if (reshaped(id) >= 0) view = id;
     if (view < 0) return -1;
-    const Node v = g_.nodes[size_t(view)], c = g_.nodes[size_t(kept)];  // copies: add() may move the nodes
+    const Node v = g_.nodes[size_t(view)], c = g_.nodes[size_t(reshaped(view))];  // copies: add() may move the nodes
     if (n.rank != v.rank || !std::equal(n.shape.begin(), n.shape.begin() + n.rank, v.shape.begin())) return -1;
+    auto same_shape = [&](const Node& a) { return a.rank == c.rank && std::equal(c.shape.begin(), c.shape.begin() + c.rank, a.shape.begin()); };
     std::array<int32_t, 3> args{};
     for (size_t i = 0; i < ids.size(); ++i) {
       const Node& a = g_.nodes[size_t(ids[i])];
-      const int under = squeezed(ids[i]);
-      if (under >= 0 && g_.nodes[size_t(under)].rank == c.rank &&
-          std::equal(c.shape.begin(), c.shape.begin() + c.rank, g_.nodes[size_t(under)].shape.begin()))
+      const int under = reshaped(ids[i]);
+      if (under >= 0 && a.rank == v.rank && std::equal(v.shape.begin(), v.shape.begin() + v.rank, a.shape.begin()) &&
+          same_shape(g_.nodes[size_t(under)]))
         args[i] = under;
       else if (a.rank <= c.rank && a.ones == (1u << a.rank) - 1)  // one element: broadcasts to c's shape
         args[i] = ids[i];
