@@ -303,6 +303,10 @@ class Tracer {
     return add(std::move(e), {one});
   }
 
+  static bool same_shape(const Node& a, const Node& b) {
+    return a.rank == b.rank && std::equal(a.shape.begin(), a.shape.begin() + a.rank, b.shape.begin());
+  }
+
   // A reshape of a reshape of a computed value (a buffer in row-major order) is one reshape
   // of that value, and no view at all where it gives the value's own shape back:
   // `unsqueeze(mean(x, 1), 1)` is `mean(x, 1, keepdim)`, which a pointwise consumer reads in its
@@ -313,7 +317,7 @@ class Tracer {
     const int under = g_.arg(v, 0);
     const Node u = g_.nodes[size_t(under)];  // a copy: add() may move the nodes
     if (u.op == Prim::input || u.op == Prim::view) return -1;
-    if (u.rank == n.rank && std::equal(u.shape.begin(), u.shape.begin() + u.rank, n.shape.begin())) return under;
+    if (same_shape(u, n)) return under;
     Node direct = n;
     return add(std::move(direct), {under});
   }
@@ -335,19 +339,17 @@ class Tracer {
       const Prim op = g_.nodes[size_t(c)].op;
       return op == Prim::input || op == Prim::view ? -1 : c;
     };
-    int view = -1;
+    int view = -1, kept = -1;
     for (int id : ids)
-      if (reshaped(id) >= 0) view = id;
+      if (int c = reshaped(id); c >= 0) view = id, kept = c;
     if (view < 0) return -1;
-    const Node v = g_.nodes[size_t(view)], c = g_.nodes[size_t(reshaped(view))];  // copies: add() may move the nodes
-    if (n.rank != v.rank || !std::equal(n.shape.begin(), n.shape.begin() + n.rank, v.shape.begin())) return -1;
-    auto same_shape = [&](const Node& a) { return a.rank == c.rank && std::equal(c.shape.begin(), c.shape.begin() + c.rank, a.shape.begin()); };
+    const Node v = g_.nodes[size_t(view)], c = g_.nodes[size_t(kept)];  // copies: add() may move the nodes
+    if (!same_shape(n, v)) return -1;
     std::array<int32_t, 3> args{};
     for (size_t i = 0; i < ids.size(); ++i) {
       const Node& a = g_.nodes[size_t(ids[i])];
       const int under = reshaped(ids[i]);
-      if (under >= 0 && a.rank == v.rank && std::equal(v.shape.begin(), v.shape.begin() + v.rank, a.shape.begin()) &&
-          same_shape(g_.nodes[size_t(under)]))
+      if (under >= 0 && same_shape(a, v) && same_shape(g_.nodes[size_t(under)], c))
         args[i] = under;
       else if (a.rank <= c.rank && a.ones == (1u << a.rank) - 1)  // one element: broadcasts to c's shape
         args[i] = ids[i];
