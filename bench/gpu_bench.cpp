@@ -17,6 +17,8 @@
 // KILN_BENCH_ONLY=energy: W4's GEMMs and step back to back, energy per call from NVML (torch_w4_gemms.py --energy).
 // KILN_BENCH_SPLIT_AB=1 (with KILN_BENCH_ONLY=w4): the W4 step with the split epilogue forced on its GEMMs with long epilogues.
 // KILN_BENCH_OVERLAP_AB=1 (with KILN_BENCH_ONLY=w4): the W4 step with kernel overlap off and on, alternated.
+// KILN_BENCH_COLSUM_AB=1 (with KILN_BENCH_ONLY=w4): the W4 step with db1 and db2 summed by rows
+// kernels and by the GEMMs that store dh and dy (kiln::gemm_column_sums, off by default), alternated.
 #include <kiln/kiln.hpp>
 #include <kiln/runtime/cuda_backend.hpp>
 
@@ -674,6 +676,23 @@ static std::string w4_step_bench() {
         std::fflush(stdout);
       }
     set_kernel_overlap(true);
+  }
+  if (std::getenv("KILN_BENCH_COLSUM_AB")) {  // db1 and db2 by rows kernels, and by their GEMMs
+    for (int r = 0; r < 3; ++r)
+      for (bool on : {false, true}) {
+        set_gemm_column_sums(on);
+        Counters c = counters();
+        auto o = evaluate_step(Mode::fused, st);
+        const uint64_t launched = counters().kernels_launched - c.kernels_launched;
+        const bool same = std::get<3>(o).to_vector() == std::get<3>(out).to_vector() && std::get<5>(o).to_vector() == std::get<5>(out).to_vector();
+        double loop = loop_ms([&] { auto o = evaluate_step(Mode::fused, st); }, 100), flushed = time_ms([&] { auto o = evaluate_step(Mode::fused, st); }, 10);
+        double anchor = anchor_ms([&] { auto o = evaluate_step(Mode::fused, st); });
+        std::printf("W4 fused, round %d, column sums in the GEMMs %-3s (%llu kernels) back to back %8.3f ms, flushed %8.3f ms, as torch_anchor.py times "
+                    "%8.3f ms; db1 and db2 %s the first run's\n",
+                    r, on ? "on" : "off", (unsigned long long)launched, loop, flushed, anchor, same ? "bit for bit" : "not bit for bit");
+        std::fflush(stdout);
+      }
+    set_gemm_column_sums(false);
   }
   double worst = std::max({e_loss, e[0], e[1], e[2], e[3], e[4]});
   // max-autotune from cold: a fresh cache directory (no tuning database, no compiled candidate

@@ -43,6 +43,12 @@ struct GemmHook {
   GemmHook& operator=(const GemmHook&) = delete;
 };
 
+// kiln::gemm_column_sums on for the scope (off by default).
+struct ColumnSumsOn {
+  ColumnSumsOn() { set_gemm_column_sums(true); }
+  ~ColumnSumsOn() { set_gemm_column_sums(false); }
+};
+
 template <class DT, int R>
 Tensor<DT, R> det(Shape<R> s, uint64_t seed) {  // deterministic CPU tensor (for programs only)
   return Tensor<DT, R>::from(s, std::vector<double>(size_t(numel(s)), 0.5 + double(seed)), cpu());
@@ -673,6 +679,83 @@ TEST_CASE("the persistent Hopper kernel: a block per SM walks the tiles; it comp
   CHECK(!codegen::gemm_fits(c2, prob));
 }
 
+TEST_CASE("a sum over the rows of a matrix a Hopper GEMM stores (a bias's gradient) is computed by that GEMM; it compiles") {
+  if (!jit::nvrtc_available()) {
+    MESSAGE("NVRTC not found: skipped");
+    return;
+  }
+  ColumnSumsOn on;
+  auto e = [](int64_t r, int64_t c) { return Tensor<bf16, 2>::empty(Shape<2>{r, c}, cpu()); };
+  auto x = e(2048, 1024), w = e(1024, 4096);
+  auto b = Tensor<bf16, 1>::empty(Shape<1>{4096}, cpu());
+  auto dy = kiln::gelu(matmul(x, w) + b);
+  // Which kernel is the rows kernel, and whether it is launched.
+  auto rows_skipped = [](const GpuProgram& p) {
+    for (size_t k = 0; k < p.kinds.size(); ++k)
+      if (p.kinds[k] == sched::KernelKind::rows) return p.vars[k].skip;
+    FAIL("no rows kernel");
+    return false;
+  };
+  {  // the heuristic's wgmma config: the epilogue's output summed, its rows kernel not launched
+    GpuProgram p = cuda_program(90, dy, kiln::sum(dy, 0));
+    REQUIRE(p.kinds.size() == 2);
+    REQUIRE(p.matmuls().size() == 1);
+    const codegen::GpuVariant v = p.matmuls()[0];
+    CHECK(v.gemm.kind == GemmKind::wgmma);
+    CHECK(v.colsum_slot >= 0);
+    CHECK(v.colsum_dtype == DType::bf16);
+    CHECK(v.workspace());
+    CHECK(rows_skipped(p));
+    CHECK(p.src.find("kiln_colsum_tile<0, BM, BN>(") != std::string::npos);
+    CHECK(p.src.find("kiln_u64 cs[1]") != std::string::npos);
+  }
+  // Each wgmma config forced (the consumers' epilogue, the split one, persistent, in clusters),
+  // the matmul's own value summed too; the sums compile for sm_90a. Not stream-K: its
+  // workspace is the tiles' hand-over (the rows kernel runs).
+  std::vector<GemmConfig> configs;
+  for (const GemmConfig& c : codegen::gemm_candidates(DType::bf16, 90))
+    if (c.kind == GemmKind::wgmma) configs.push_back(c);
+  for (const GemmConfig& c : std::vector(configs))
+    if (c.persistent && c.bn % 128 == 0) {
+      configs.push_back(c), configs.back().cluster = 2;
+      configs.push_back(c), configs.back().stream_k = true;
+    }
+  for (const GemmConfig& c : configs) {
+    CAPTURE(c.str());
+    GemmHook force(c);
+    auto mm = matmul(x, w);
+    GpuProgram p = cuda_program(90, mm, kiln::sum(mm, 0));
+    REQUIRE(p.matmuls().size() == 1);
+    CHECK(p.matmuls()[0].gemm == c);
+    CHECK((p.matmuls()[0].colsum_slot >= 0) == !c.stream_k);
+    CHECK(rows_skipped(p) == !c.stream_k);
+    CHECK((p.src.find("kiln_colsum_tile<0, BM, BN>(") != std::string::npos) == !c.stream_k);
+    if (!c.stream_k) CHECK(jit::cubin_sm(jit::nvrtc_compile(p.src, "kiln_gemm_colsum", 9, 0, codegen::gpu_compile_options(p.vars))) == 90);
+  }
+  {  // f16 and f32 (TF32) matrices: formats 1 and 2
+    auto xh = Tensor<f16, 2>::empty(Shape<2>{2048, 1024}, cpu()), wh = Tensor<f16, 2>::empty(Shape<2>{1024, 4096}, cpu());
+    GpuProgram p = cuda_program(90, kiln::sum(matmul(xh, wh), 0));
+    CHECK(p.src.find("kiln_colsum_tile<1, BM, BN>(") != std::string::npos);
+    CHECK(jit::cubin_sm(jit::nvrtc_compile(p.src, "kiln_gemm_colsum", 9, 0, codegen::gpu_compile_options(p.vars))) == 90);
+    set_allow_tf32(true);
+    auto xf = Tensor<f32, 2>::empty(Shape<2>{2048, 1024}, cpu()), wf = Tensor<f32, 2>::empty(Shape<2>{1024, 4096}, cpu());
+    GpuProgram q = cuda_program(90, kiln::sum(matmul(xf, wf), 0));
+    set_allow_tf32(false);
+    CHECK(q.src.find("kiln_colsum_tile<2, BM, BN>(") != std::string::npos);
+    CHECK(jit::cubin_sm(jit::nvrtc_compile(q.src, "kiln_gemm_colsum", 9, 0, codegen::gpu_compile_options(q.vars))) == 90);
+  }
+  // Not where the GEMM is no wgmma (sm_80), for sums along the other dim, for a matrix in a
+  // dtype the kernel does not read back (f64), nor with the switch off: the rows kernel runs.
+  CHECK(!rows_skipped(cuda_program(80, dy, kiln::sum(dy, 0))));
+  CHECK(!rows_skipped(cuda_program(90, dy, kiln::sum(dy, 1))));
+  CHECK(!rows_skipped(cuda_program(90, kiln::sum(kiln::cast<f64>(matmul(x, w)), 0))));
+  set_gemm_column_sums(false);  // (kiln's default)
+  GpuProgram off = cuda_program(90, dy, kiln::sum(dy, 0));
+  set_gemm_column_sums(true);
+  CHECK(!rows_skipped(off));
+  CHECK(off.matmuls()[0].colsum_slot == -1);
+}
+
 }  // TEST_SUITE("nvrtc")
 
 TEST_SUITE("hiprtc") {
@@ -1156,6 +1239,63 @@ TEST_CASE("GPU GEMM: the persistent Hopper kernel over more tiles than SMs, each
           CHECK(codegen::gemm_tiles(c, p) > 132);
         }
       }
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("GPU GEMM: a sum over the rows of the matrix it stores (a bias's gradient) in the Hopper kernel, each config, against float64",
+                   DT, bf16, f16) {
+  if (kiln::default_device() == kiln::cpu() || cuda_arch() != 90) return;
+  KILN_TEST_RNG(rng);
+  ColumnSumsOn on;
+  // A tile a block (128 x 128), persistent (128 x 256, also in clusters of two: W4's), and the
+  // split epilogue (128 x 192: six groups of column chunks for its three warps).
+  std::vector<GemmConfig> configs;
+  for (const GemmConfig& c : codegen::gemm_candidates(DT::id, 90))
+    if (c.kind == GemmKind::wgmma && ((c.bn == 128 && !c.persistent) || (c.bn == 256 && c.persistent && !c.split_epilogue) ||
+                                      (c.bn == 192 && c.split_epilogue)))
+      configs.push_back(c);
+  REQUIRE(configs.size() == 3);
+  configs.push_back(configs[0].persistent ? configs[0] : configs[1]), configs.back().cluster = 2;
+  // Odd M (a partial last tile row; in clusters of two, a lower tile wholly past M), N no
+  // multiple of the tile, one tile, a transposed x (M a multiple of 8: the copy engine reads it M-major).
+  struct Case {
+    int64_t M, N, K;
+    Layout xl;
+  };
+  for (const Case& cs : {Case{1093, 1160, 136, Layout::contiguous}, Case{7, 40, 64, Layout::contiguous}, Case{264, 520, 72, Layout::transposed}}) {
+    const int64_t M = cs.M, N = cs.N, K = cs.K;
+    CAPTURE(M);
+    CAPTURE(N);
+    Values v{-2, 2};
+    auto x = input<DT, 2>(rng, {M, K}, cs.xl, v), w = input<DT, 2>(rng, {K, N}, Layout::contiguous, v);
+    auto b = input<DT, 1>(rng, {N}, Layout::contiguous, v);
+    Array scale;
+    Array pre = ref::zip(ref::matmul(x.a, w.a, &scale), b.a, [](double p, double q) { return p + q; });
+    Array bound = ref::zip(scale, b.a, [](double p, double q) { return std::fabs(p) + std::fabs(q); });
+    Array want_e = ref::map(pre, ref::gelu), want_m = ref::matmul(x.a, w.a);
+    // A column's sum goes through every element's rounding and error: its bound sums theirs.
+    Array want_s = ref::sum(want_e, {0}), bound_s = ref::sum(ref::zip(want_e, bound, [](double e, double q) { return std::fabs(e) + q; }), {0});
+    Array want_ms = ref::sum(want_m, {0}), bound_ms = ref::sum(scale, {0});
+    for (const GemmConfig& c : configs) {
+      CAPTURE(c.str());
+      GemmHook hook(c);
+      auto e = kiln::gelu(kiln::matmul(x.t, w.t) + b.t);
+      auto mm = kiln::matmul(x.t, w.t);
+      Counters before = counters();
+      auto [got_e, got_s] = kiln::eval(e, kiln::sum(e, 0));  // the epilogue's output summed
+      const GemmProblem seen = hook.seen.at(0);  // NOTE: a copy: gemm_choose adds to hook.seen
+      const bool took = codegen::gemm_choose(seen) == c;
+      if (took) CHECK(counters().kernels_launched - before.kernels_launched == 1);
+      check_close(got_e, want_e, tol<DT>().scaled(2), "gelu(x @ w + b)", &bound);
+      check_close(got_s, want_s, tol<DT>().scaled(2), "sum(gelu(x @ w + b), 0)", &bound_s);
+      before = counters();
+      Tensor<DT, 1> got_ms = kiln::sum(mm, 0);  // the matmul's own value, stored only for its sums
+      if (took) CHECK(counters().kernels_launched - before.kernels_launched == 1);
+      check_close(got_ms, want_ms, tol<DT>().scaled(2), "sum(x @ w, 0)", &bound_ms);
+      // The same sums bit for bit on every run (the tiles' partial sums are added in one order).
+      Tensor<DT, 1> again = kiln::sum(mm, 0);
+      CHECK(read(again).v == read(got_ms).v);
     }
   }
 }

@@ -58,7 +58,7 @@ Dispatch dispatch_in(Mode mode, FakeGpuBackend& backend, int ordinal, const Es&.
   std::vector<std::vector<uint64_t>> blocks;
   dev.record_words.clear();
   for (size_t k = 0; k < cp->plan.kernels.size(); ++k) {
-    if (want.args[k].work == 0) continue;
+    if (!want.launches(k)) continue;  // empty, or computed by another kernel (a prologue, column sums)
     uint64_t ws[codegen::kGpuSplitWords] = {}, st[codegen::kGpuStageWords] = {};
     std::vector<uint64_t> block;
     runtime::gpu_arg_block(cp->layouts[k], want.args[k], want.vars[k], ws, st, block);
@@ -656,8 +656,15 @@ void check_ordered(const Dispatch& d, const FakeGpuDevice& dev) {
     const auto [k, staging] = d.launches[i];
     CAPTURE(i);
     CAPTURE(k);
-    for (int dep : kernels[k].deps)
+    // Its dependencies' launches; through a kernel not launched (a prologue or a rows kernel
+    // that a GEMM computes), that kernel's own.
+    std::vector<int> deps = kernels[k].deps;
+    while (!deps.empty()) {
+      const int dep = deps.back();
+      deps.pop_back();
+      if (launches_of[size_t(dep)].empty()) deps.insert(deps.end(), kernels[size_t(dep)].deps.begin(), kernels[size_t(dep)].deps.end());
       for (size_t j : launches_of[size_t(dep)]) CHECK(ran_before(j));
+    }
     if (!staging && d.vars[k].stage) CHECK(ran_before(i - 1));  // the GEMM after its staging kernel
   }
 }
@@ -666,6 +673,41 @@ struct OverlapOff {
   ~OverlapOff() { set_kernel_overlap(true); }
 };
 }  // namespace
+
+TEST_CASE("GPU dispatch: with column sums in the GEMMs (kiln::gemm_column_sums) W4's step launches two kernels fewer, in order") {
+  KILN_TEST_RNG(rng);
+  FakeGpuBackend backend;
+  FakeGpuDevice& dev = FakeGpuApi::device(0);  // an sm_90: wgmma GEMMs
+  const int64_t M = 2048, K = 2048, H = 4096;
+  auto x = host<bf16>(rng, Shape<2>{M, K}), W1 = host<bf16>(rng, Shape<2>{K, H}), W2 = host<bf16>(rng, Shape<2>{H, K});
+  auto b1 = host<bf16>(rng, Shape<1>{H}), b2 = host<bf16>(rng, Shape<1>{K});
+  auto yf = cast<f32>(matmul(gelu(matmul(x, W1) + b1), W2) + b2);
+  auto loss = mean(yf * yf);
+  auto [gx, gW1, gb1, gW2, gb2] = kiln::grad(loss, x, W1, b1, W2, b2);
+  Dispatch off = dispatch(backend, 0, loss, gx, gW1, gb1, gW2, gb2);
+  check_ordered(off, dev);
+  set_gemm_column_sums(true);
+  Dispatch on = dispatch(backend, 0, loss, gx, gW1, gb1, gW2, gb2);  // a repeat call: the switch is among its inputs
+  check_ordered(on, dev);
+  set_gemm_column_sums(false);
+  CHECK(on.launches.size() + 2 == off.launches.size());
+  int sums = 0, skipped = 0;
+  const auto& kernels = on.plan->plan.kernels;
+  for (size_t k = 0; k < kernels.size(); ++k) {
+    if (const int r = on.vars[k].colsum_kernel; r >= 0) {
+      ++sums;
+      CHECK(kernels[k].kind == sched::KernelKind::matmul);
+      CHECK(on.vars[size_t(r)].skip);
+      CHECK(kernels[size_t(r)].kind == sched::KernelKind::rows);
+      CHECK(on.vars[k].gemm.kind == codegen::GemmKind::wgmma);
+    }
+    skipped += on.vars[k].skip;
+  }
+  CHECK(sums == 2);  // db1 and db2: the GEMMs storing dh and dy sum them
+  CHECK(skipped == 2);
+  // Their workspace is the kernel's own: a GEMM that sums still runs beside other kernels.
+  CHECK(std::count_if(dev.launched.begin(), dev.launched.end(), [](const auto& l) { return l.stream == 1; }) >= 2);
+}
 
 TEST_CASE("GPU dispatch: a training step's large independent kernels overlap on two streams and in a graph, each after all it reads") {
   KILN_TEST_RNG(rng);
@@ -708,7 +750,7 @@ TEST_CASE("GPU dispatch: a training step's large independent kernels overlap on 
   const int overlaps = unordered();
   CHECK(overlaps >= side);
   for (size_t i = 0; i < d.launches.size(); ++i)  // the shared workspace's users, in plan order
-    if (d.vars[d.launches[i].first].workspace()) CHECK(dev.launched[i].stream == 0);
+    if (d.vars[d.launches[i].first].workspace() && d.vars[d.launches[i].first].colsum_slot < 0) CHECK(dev.launched[i].stream == 0);
   // The join: what the main stream runs next comes after every launch of the call.
   CHECK(dev.done_before[0].size() == dev.launched.size());
 

@@ -62,11 +62,20 @@
 
 namespace kiln::codegen {
 
+// GpuVariant::colsum_slot in a kernel's terms: the stored matrix (an expression of its first
+// element, of its row stride), its format for kiln_colsum_tile (0 bf16, 1 f16, 2 f32; -1: no
+// column sums), and the statement that stores column `col`'s total `v`.
+struct GemmColumnSums {
+  int format = -1;
+  std::string values, row_stride;
+  std::function<std::string(const std::string& col, const std::string& v)> store;
+};
+
 class WgmmaWriter {
  public:
   // `group`: where given, interior tiles store through it (staged_stores); else element by element.
-  WgmmaWriter(const GemmConfig& c, const GemmOperands& o, DType d, GemmStore store, GemmGroupStore group = {})
-      : c_(c), o_(o), d_(d), w_(c, o, d, std::move(store)), group_(std::move(group)) {}
+  WgmmaWriter(const GemmConfig& c, const GemmOperands& o, DType d, GemmStore store, GemmGroupStore group = {}, GemmColumnSums sums = {})
+      : c_(c), o_(o), d_(d), w_(c, o, d, std::move(store)), group_(std::move(group)), sums_(std::move(sums)) {}
 
   std::string body(const std::string& prelude = "") const {
     auto S = [](int v) { return std::to_string(v); };
@@ -91,6 +100,10 @@ class WgmmaWriter {
       s += "  constexpr int CL = " + S(cl) + ";\n  const int64_t kiln_tiles = ((Mr + BM * CL - 1) / (BM * CL)) * ((N + BN - 1) / BN);\n" +
            "  const uint32_t kiln_crank = kiln_cluster_rank();\n";
     if (sk) s += "  float* const sk_ws = (float*)args.ws[0];\n  unsigned* const sk_flags = (unsigned*)args.ws[1];\n";
+    if (sums_.format >= 0) {
+      if (sk) throw Error("kiln: internal error: column sums in a stream-K GEMM");
+      s += "  float* const cs_part = (float*)args.ws[0];\n  unsigned* const cs_count = (unsigned*)args.ws[1];\n";
+    }
     // The batch coordinate of each operand's map (0 where its batch is broadcast: the map has one).
     s += "  const int za = nd == 3 && sa[0] != 0 ? (int)blockIdx.z : 0, zb = nd == 3 && sb[0] != 0 ? (int)blockIdx.z : 0;\n";
     s += "  if (threadIdx.x == 0) {\n";
@@ -199,6 +212,7 @@ class WgmmaWriter {
       s += "    const bool interior = m0 + BM <= Mr && n0 + BN <= N;\n";
       s += "    if (interior) {\n" + staged_stores(done) + "    } else {\n      " + done + stores(true) + "    }\n";
     }
+    if (!split) s += column_sums("(int)threadIdx.x - 128", "CONSUMERS * 128", "    ");
     s += tiles_close("    ") + "  }\n";
     // Clustered: no block leaves while another may still arrive on its barriers or copy into it.
     return cl > 1 ? s + "  kiln_cluster_sync();\n" : s;
@@ -282,8 +296,22 @@ class WgmmaWriter {
       interior += "    }\n";
     }
     s += "    if (m0 + BM <= Mr && n0 + BN <= N) {\n" + interior + "    } else {\n" + elements(true) + "    }\n";
-    s += "    kiln_mbar_arrive(stg_empty);\n    ++tiles_done;\n";
+    s += "    kiln_mbar_arrive(stg_empty);\n    ++tiles_done;\n" + column_sums("t", "EPI", "    ");
     return s + tiles_close("    ");
+  }
+
+  // GpuVariant::colsum_slot: once a tile is stored, the `threads` threads (u) that stored it sum
+  // its columns (kiln_colsum_tile, named barrier 8); the last tile of a column of tiles stores
+  // the totals. A clustered block whose tile lies past M stored nothing and sums nothing.
+  std::string column_sums(const std::string& u, const std::string& threads, const std::string& ind) const {
+    if (sums_.format < 0) return "";
+    std::string s = ind + "if (m0 < Mr && kiln_colsum_tile<" + std::to_string(sums_.format) + ", BM, BN>(" + sums_.values + ", " +
+                    sums_.row_stride + ", m0, n0, Mr, N, cs_part, cs_count, " + u + ", " + threads + ", 8)) {\n";
+    s += ind + "  __threadfence();\n";
+    s += ind + "  for (int j = " + u + "; j < BN && n0 + j < N; j += " + threads + ") {\n";
+    s += ind + "    const int64_t col = n0 + j;\n" + ind + "    " + sums_.store("col", "kiln_colsum_total(cs_part, col, N, (Mr + BM - 1) / BM)") +
+         "\n" + ind + "  }\n";
+    return s + ind + "  if (" + u + " == 0) cs_count[n0 / BN] = 0;\n" + ind + "}\n";
   }
 
   // An interior tile's stores, 32 columns at a time: each thread writes its fragments of
@@ -332,6 +360,7 @@ class WgmmaWriter {
   DType d_;
   GemmWriter w_;
   GemmGroupStore group_;
+  GemmColumnSums sums_;
 };
 
 }  // namespace kiln::codegen

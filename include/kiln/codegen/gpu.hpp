@@ -83,23 +83,38 @@ struct GpuVariant {
   // operand o as it loads it (runtime's gemm_computed_prologues: the SIMT kind, mfma on 16-bit
   // sources); else it reads the operand's buffer, which the prologue's own kernel stores first.
   uint8_t prologue = 0;
-  // A prologue's own kernel whose GEMM computes the operand itself: not launched.
+  // A prologue's own kernel whose GEMM computes the operand itself, or a rows kernel whose sums
+  // a GEMM computes (colsum_slot): not launched.
   bool skip = false;
   // matmul (wgmma in TF32): bit o set where operand o is not K-major, which TF32's wgmma cannot
   // read: a staging kernel (kiln_k<i>_stage) first copies it K-major, rounded to nearest TF32,
   // into a buffer the host gives in the argument struct's `st` words, and the GEMM's tensor
   // map reads that copy (gemm_ops then says K-major).
   uint8_t stage = 0;
+  // matmul (wgmma): the slot of a matrix this GEMM stores whose column sums (over its rows) it
+  // also writes, as a rows kernel would (a bias's gradient, sum(dy, 0)): each tile sums its
+  // columns after storing them and leaves them in the workspace; a column of tiles' last tile
+  // adds them up and stores them, as `colsum_dtype`, where the argument struct's `cs` word
+  // points (runtime's assign_column_sums; that rows kernel is then skipped). -1: none.
+  int colsum_slot = -1;
+  DType colsum_dtype = DType::f32;
+  int colsum_kernel = -1;  // the host's: the rows kernel whose output that is
   // The argument struct ends with workspace words: split rows' partials and counters, or a
   // stream-K GEMM's slots and flags (a tile of floats and a flag per block), or a split-K
-  // GEMM's (a tile of sums per block, a counter per tile).
-  bool workspace() const { return split || (gemm.persistent && gemm.stream_k) || (gemm.kind == GemmKind::simt && gemm.split_k > 1); }
+  // GEMM's (a tile of sums per block, a counter per tile), or a GEMM's column sums (a row of
+  // sums per tile row, a counter per column of tiles).
+  bool workspace() const {
+    return split || (gemm.persistent && gemm.stream_k) || (gemm.kind == GemmKind::simt && gemm.split_k > 1) || colsum_slot >= 0;
+  }
 };
 
 // The workspace words an argument struct ends with (GpuVariant::workspace): partials, counters.
 inline constexpr int kGpuSplitWords = 2;
 // The staged operands' buffers (GpuVariant::stage), A's and B's, after the workspace words.
 inline constexpr int kGpuStageWords = 2;
+// The column sums' destination (GpuVariant::colsum_slot), after the params' words (before the
+// workspace's: the words the host sets per call come first).
+inline constexpr int kGpuColumnSumWords = 1;
 
 // A staged operand (GpuVariant::stage) of a matmul over meta M = [nd, K, sizes, strides per
 // slot]: its rows (M of A, N of B), batches (one where its batch is broadcast) and row pitch
@@ -138,6 +153,7 @@ class GpuKernelWriter {
     size_t ns = std::max<size_t>(l_.slots.size(), 1), nm = meta_words(l_), nw = std::max(l_.words, 1);
     std::string s = "struct " + name_ + "_args { void* p[" + std::to_string(ns) + "]; int64_t m[" + std::to_string(nm) +
                     "]; uint64_t a[" + std::to_string(nw) + "];" +
+                    (v_.colsum_slot >= 0 ? " kiln_u64 cs[" + std::to_string(kGpuColumnSumWords) + "];" : "") +
                     (v_.workspace() ? " kiln_u64 ws[" + std::to_string(kGpuSplitWords) + "];" : "") +
                     (v_.stage ? " kiln_u64 st[" + std::to_string(kGpuStageWords) + "];" : "") + " };\n";
     // NOTE: the bounds are the block size the host launches with (it is part of the variant). On
@@ -815,7 +831,18 @@ class GpuKernelWriter {
         group = [&](const std::string& row, const std::string& col, const std::string& vals, const std::string& tag) {
           return ep.store_group(row, col, vals, kGemmGroupWidth, v_.strides, tag, "        ");
         };
-      return WgmmaWriter(v_.gemm, v_.gemm_ops, ep.dtype(), store, group).body(prelude);
+      GemmColumnSums sums;
+      if (const int c = v_.colsum_slot; c >= 0) {
+        const DType d = g_.nodes[size_t(l_.slots[size_t(c)].node)].dtype;
+        sums.format = d == DType::bf16 ? 0 : d == DType::f16 ? 1 : d == DType::f32 ? 2 : -1;
+        if (sums.format < 0) throw Error("kiln: internal error: column sums of a " + std::string(info(d).name) + " matrix in a GEMM");
+        const std::string C = std::to_string(c), out = storage_type(v_.colsum_dtype);
+        sums.values = "p" + C + " + e" + C, sums.row_stride = "est[" + C + " * nd + nd - 2]";
+        sums.store = [out, d = v_.colsum_dtype](const std::string& col, const std::string& v) {
+          return "((" + out + "*)args.cs[0])[" + col + "] = " + to_storage(d, v) + ";";
+        };
+      }
+      return WgmmaWriter(v_.gemm, v_.gemm_ops, ep.dtype(), store, group, sums).body(prelude);
     }
     GemmPrologue pro;
     pro.words = l_.words;

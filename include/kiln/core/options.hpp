@@ -20,6 +20,13 @@
 //                    so that one starts on the SMs the other's last wave leaves idle (on by
 //                    default; KILN_KERNEL_OVERLAP=0: each call's kernels one after another).
 //                    Decides each call's launches, not the plan.
+//   gemm_column_sums on a GPU, a sum over the rows of a matrix that a GEMM stores (a bias's
+//                    gradient, sum(dy, 0)) is computed by that GEMM as it stores the tiles,
+//                    where its kernel can (wgmma), instead of by a rows kernel reading the
+//                    matrix again (off by default; KILN_GEMM_COLUMN_SUMS=1). Decides each
+//                    call's kernels, not the plan. NOTE: off because on an H200 it made W4's
+//                    step 1.5-2% slower (two kernels fewer, 0.1 ms, against a pause of every
+//                    tile's storing threads: docs/benchmarks.md, thirty-first session).
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -46,6 +53,10 @@ inline std::atomic<bool>& kernel_overlap_flag() {
   static std::atomic<bool> on{env_switch("KILN_KERNEL_OVERLAP", true)};
   return on;
 }
+inline std::atomic<bool>& gemm_column_sums_flag() {
+  static std::atomic<bool> on{env_switch("KILN_GEMM_COLUMN_SUMS", false)};
+  return on;
+}
 }  // namespace detail
 
 inline bool allow_tf32() { return detail::allow_tf32_flag().load(std::memory_order_relaxed); }
@@ -56,6 +67,9 @@ inline void set_epilogue_fusion(bool on) { detail::epilogue_fusion_flag().store(
 
 inline bool kernel_overlap() { return detail::kernel_overlap_flag().load(std::memory_order_relaxed); }
 inline void set_kernel_overlap(bool on) { detail::kernel_overlap_flag().store(on, std::memory_order_relaxed); }
+
+inline bool gemm_column_sums() { return detail::gemm_column_sums_flag().load(std::memory_order_relaxed); }
+inline void set_gemm_column_sums(bool on) { detail::gemm_column_sums_flag().store(on, std::memory_order_relaxed); }
 
 // The switches that decide a plan, as one word of bits for plans' keys.
 inline constexpr uint8_t kPlanEpiloguesApart = 1;  // epilogue_fusion() is off

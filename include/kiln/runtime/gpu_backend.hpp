@@ -34,6 +34,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -360,6 +361,7 @@ inline void skip_computed_prologues(const sched::Plan& plan, std::vector<codegen
 // only K-major operands, so it stages the others (GpuVariant::stage) and reads their copies.
 inline void set_gemm(codegen::GpuVariant& v, const codegen::GemmConfig& c, const codegen::GemmProblem& p) {
   v.gemm = c, v.gemm_ops = p.ops, v.stage = 0;
+  if (c.kind != codegen::GemmKind::wgmma || (c.persistent && c.stream_k)) v.colsum_slot = v.colsum_kernel = -1;
   if (c.kind == codegen::GemmKind::wgmma && p.dtype == DType::f32) {
     v.stage = uint8_t((p.ops.a_k_major ? 0 : 1) | (p.ops.b_k_major ? 0 : 2));
     v.gemm_ops.a_k_major = v.gemm_ops.b_k_major = true;
@@ -540,9 +542,14 @@ inline size_t gpu_workspace_words(const sched::Kernel& k, const codegen::GpuVari
 // their buffers (GpuVariant::stage), into `block`.
 inline void gpu_arg_block(const codegen::Layout& l, const KernelArgs& a, const codegen::GpuVariant& v, const uint64_t* workspace,
                           const uint64_t* staged, std::vector<uint64_t>& block) {
-  size_t ns = std::max<size_t>(l.slots.size(), 1), nm = codegen::GpuKernelWriter::meta_words(l),
-         nw = size_t(std::max(l.words, 1)), nws = v.workspace() ? codegen::kGpuSplitWords : 0;
-  block.assign(ns + nm + nw + nws + (v.stage ? codegen::kGpuStageWords : 0), 0);
+  size_t ns = std::max<size_t>(l.slots.size(), 1), nm = codegen::GpuKernelWriter::meta_words(l), nw = size_t(std::max(l.words, 1)),
+         ncs = v.colsum_slot >= 0 ? codegen::kGpuColumnSumWords : 0, nws = v.workspace() ? codegen::kGpuSplitWords : 0;
+  block.assign(ns + nm + nw + ncs + nws + (v.stage ? codegen::kGpuStageWords : 0), 0);
+  if (ncs) {
+    if (!a.column_sums) throw Error("kiln: internal error: a GEMM that computes column sums has nowhere to store them");
+    block[ns + nm + nw] = reinterpret_cast<uint64_t>(a.column_sums);
+  }
+  nw += ncs;  // the workspace's words and the staged operands' follow
   for (size_t i = 0; i < a.ptrs.size(); ++i) block[i] = reinterpret_cast<uint64_t>(a.ptrs[i]);
   if (a.meta.size() > nm) throw Error("kiln: internal error: kernel metadata exceeds its argument block");
   for (size_t i = 0; i < a.meta.size(); ++i) block[ns + i] = uint64_t(a.meta[i]);
@@ -610,13 +617,75 @@ inline Hash128 variant_key(const std::vector<codegen::GpuVariant>& vars) {
   for (const codegen::GpuVariant& v : vars) {
     if (!v.strides.empty()) vh.add(v.strides.data(), v.strides.size());
     const codegen::GemmConfig& gc = v.gemm;
-    int32_t w[33] = {v.vec, v.group, v.persist, v.split, v.threads, int(gc.kind), gc.bm, gc.bn, gc.bk, gc.wm, gc.wn, gc.stages,
+    int32_t w[35] = {v.vec, v.group, v.persist, v.split, v.threads, int(gc.kind), gc.bm, gc.bn, gc.bk, gc.wm, gc.wn, gc.stages,
                      gc.persistent, gc.split_epilogue, v.gemm_ops.a_k_major, v.gemm_ops.b_k_major, v.cols, v.epilogue_vec, v.vec_rows,
                      v.resident, v.stream, v.exact, int32_t(v.whole), v.rank, v.outer_rank, gc.group, gc.stream_k, gc.cluster,
-                     v.prologue, v.skip, gc.k_slices, gc.split_k, v.stage};
+                     v.prologue, v.skip, gc.k_slices, gc.split_k, v.stage, v.colsum_slot, int32_t(v.colsum_dtype)};
     vh.add(w, sizeof w);
   }
   return vh.digest();
+}
+
+// Which rows kernels' sums their GEMM computes (GpuVariant::colsum_slot; kiln::gemm_column_sums):
+// a rows kernel that only sums a matrix over its rows, sum(e, 0) with e [M, N] (a bias's
+// gradient), where e is stored by a wgmma GEMM (not stream-K, not a vendor GEMM: `by_library`)
+// of one batch, contiguous along its rows with 16-byte aligned rows and N a multiple of 16
+// bytes' elements, in bf16, f16 or f32: that GEMM sums each tile's columns once it has stored
+// the tile, and the rows kernel is not launched. One such sum per GEMM. The other kinds, and
+// the CPU, launch the rows kernel.
+inline void assign_column_sums(const ir::Graph& g, const CompiledPlan& cp, GpuCall& c, const std::vector<uint8_t>* by_library = nullptr) {
+  const auto& kernels = cp.plan.kernels;
+  for (size_t k = 0; k < kernels.size(); ++k) {
+    codegen::GpuVariant& v = c.vars[k];
+    if (kernels[k].kind == sched::KernelKind::matmul) v.colsum_slot = v.colsum_kernel = -1;
+    if (kernels[k].kind == sched::KernelKind::rows) v.skip = false;
+  }
+  if (!gemm_column_sums()) return;
+  for (size_t r = 0; r < kernels.size(); ++r) {
+    const sched::Kernel& R = kernels[r];
+    if (R.kind != sched::KernelKind::rows || R.reduces.size() != 1 || R.loads.size() != 1 || R.stores.size() != 1 || !R.params.empty() ||
+        c.args[r].work == 0)
+      continue;
+    const int e = R.loads[0], sum = R.reduces[0];
+    const ir::Node& red = g.nodes[size_t(sum)];
+    const DType d = g.nodes[size_t(e)].dtype;
+    if (red.op != Prim::sum || g.arg(red, 0) != e || red.rank != 2 || red.axes != 1u || g.nodes[size_t(e)].rank != 2 ||
+        R.stores[0].value != sum || R.stores[0].buffer != sum || R.stores[0].into != sched::StoreInto::whole ||
+        !(d == DType::bf16 || d == DType::f16 || d == DType::f32))
+      continue;
+    for (size_t k = 0; k < kernels.size(); ++k) {
+      const sched::Kernel& K = kernels[k];
+      codegen::GpuVariant& v = c.vars[k];
+      const KernelArgs& a = c.args[k];
+      if (K.kind != sched::KernelKind::matmul || a.work == 0 || a.meta[0] != 2 || v.gemm.kind != codegen::GemmKind::wgmma ||
+          (v.gemm.persistent && v.gemm.stream_k) || v.colsum_slot >= 0 || (by_library && (*by_library)[k]))
+        continue;
+      const auto& slots = cp.layouts[k].slots;
+      int slot = -1;
+      for (size_t i = 0; i < slots.size(); ++i)
+        if (slots[i].role == codegen::SlotRole::store && slots[i].node == e && K.stores[size_t(slots[i].store)].into == sched::StoreInto::whole)
+          slot = int(i);
+      if (slot < 0) continue;
+      const int64_t per16 = 16 / int64_t(info(d).bytes), n = a.size(1);
+      if (a.stride(size_t(slot), 1) != 1 || a.stride(size_t(slot), 0) % per16 != 0 || n % per16 != 0 ||
+          reinterpret_cast<uintptr_t>(a.ptrs[size_t(slot)]) % 16 != 0)
+        break;
+      v.colsum_slot = slot, v.colsum_dtype = red.dtype, v.colsum_kernel = int(r);
+      c.vars[r].skip = true;
+      break;
+    }
+  }
+}
+// Points each GEMM that computes a rows kernel's sums at that kernel's output, for this call.
+inline void link_column_sums(const CompiledPlan& cp, GpuCall& c) {
+  for (size_t k = 0; k < c.vars.size(); ++k) {
+    c.args[k].column_sums = nullptr;
+    if (const int r = c.vars[k].colsum_kernel; r >= 0) {
+      const auto& slots = cp.layouts[size_t(r)].slots;
+      for (size_t i = 0; i < slots.size(); ++i)
+        if (slots[i].role == codegen::SlotRole::store) c.args[k].column_sums = c.args[size_t(r)].ptrs[i];
+    }
+  }
 }
 
 // Each kernel's variant for the call's bound arguments `c.args`, and their key.
@@ -625,6 +694,8 @@ inline void choose_variants(const ir::Graph& g, const CompiledPlan& cp, GpuCall&
   c.vars.resize(kernels.size());
   for (size_t k = 0; k < kernels.size(); ++k) c.vars[k] = gpu_variant(g, kernels[k], cp.layouts[k], c.args[k], warp, arch, sm_count);
   skip_computed_prologues(cp.plan, c.vars);
+  assign_column_sums(g, cp, c);
+  link_column_sums(cp, c);
   c.key = variant_key(c.vars);
 }
 
@@ -685,7 +756,8 @@ inline StreamSchedule schedule_streams(const sched::Plan& p, const GpuCall& call
   for (size_t k = 0; k < n; ++k) {
     if (!call.launches(k)) continue;
     const codegen::GpuVariant& v = call.vars[k];
-    bool main_only = v.workspace() || v.stage || by_library[k];
+    // NOTE: column sums have a workspace of their own kernel's (GpuBackend::column_sum_workspace).
+    bool main_only = (v.workspace() && v.colsum_slot < 0) || v.stage || by_library[k];
     bool after_prev = prev >= 0 && std::find(reads[k].begin(), reads[k].end(), prev) != reads[k].end();
     uint8_t on = prev < 0 || main_only ? 0 : s.side[size_t(prev)];
     if (!main_only && prev >= 0 && large(k) && !after_prev) on = uint8_t(1 - s.side[size_t(prev)]);
@@ -716,6 +788,7 @@ inline void variant_inputs(const std::vector<KernelArgs>& args, std::vector<int6
   out.push_back(gpu_rows_streaming().load(std::memory_order_relaxed));
   out.push_back(gpu_rows_exact().load(std::memory_order_relaxed));
   out.push_back(allow_tf32());
+  out.push_back(gemm_column_sums());
 }
 
 // What a device API policy derives from: the device kind it serves and the
@@ -791,6 +864,7 @@ class GpuBackend final : public Backend {
         bind_kernel(g, kernels[k], cp.layouts[k], b, call.args[k]);
         bind_kernel(g, kernels[m], cp.layouts[m], b, call.args[m]);
       }
+    link_column_sums(cp, call);
     if constexpr (!std::is_same_v<typename Api::Graph, NoGraph>)
       if (graphs_in(cp.mode) && !profiling() && Api::graphs() && std::none_of(last.by_library.begin(), last.by_library.end(), [](uint8_t l) { return l; }))
         return launch_graph(cp, call, *last.fns, last, dev);
@@ -973,7 +1047,11 @@ class GpuBackend final : public Backend {
     const auto& props = dev.properties();
     GpuLaunch L = gpu_launch_shape(kernel, args, v, props.sm_count, props.warp_size);
     uint64_t ws[codegen::kGpuSplitWords] = {}, st[codegen::kGpuStageWords] = {};
-    if (v.workspace()) split_workspace(dev, gpu_workspace_words(kernel, v, L, props.warp_size), L.grid.x * L.grid.z, ws);
+    if (v.colsum_slot >= 0) {
+      column_sum_workspace(dev, kernel, args, v, ws);
+    } else if (v.workspace()) {
+      split_workspace(dev, gpu_workspace_words(kernel, v, L, props.warp_size), L.grid.x * L.grid.z, ws);
+    }
     if (v.stage) stage_buffers(dev, args, v, st), staging = gpu_stage_launch(args, v);
     gpu_arg_block(layout, args, v, ws, st, block);
     if (v.gemm.kind == codegen::GemmKind::wgmma) Api::tensor_maps(args, v, st, maps);
@@ -1187,6 +1265,8 @@ class GpuBackend final : public Backend {
         if (c.str() == choice) set_gemm(call.vars[k], c, t.p);
     }
     skip_computed_prologues(cp.plan, call.vars);
+    assign_column_sums(g, cp, call, &by_library);
+    link_column_sums(cp, call);
     call.key = variant_key(call.vars);
     if (heuristic) validate_choices(g, cp, call, *heuristic, by_library, tuned, dev);
   }
@@ -1248,6 +1328,8 @@ class GpuBackend final : public Backend {
       by_library[t.k] = 0;
     }
     skip_computed_prologues(cp.plan, call.vars);
+    assign_column_sums(g, cp, call, &by_library);
+    link_column_sums(cp, call);
     call.key = variant_key(call.vars);
   }
   // Median microseconds of `launch` over a few runs after a warm-up, each run alone between
@@ -1271,6 +1353,9 @@ class GpuBackend final : public Backend {
     return us[kRuns / 2];
   }
 
+  struct Workspace {
+    std::unique_ptr<Storage> partials, counters, staged;
+  };
   // Split rows and stream-K GEMMs: room for `words` 8-byte partials and `counters` zeroed
   // counters (one per row, per column block, or per GEMM block), on the device; grown (never shrunk) as calls need. The
   // kernels leave the counters at zero again. NOTE: the kernels that use it run on the device's
@@ -1278,9 +1363,11 @@ class GpuBackend final : public Backend {
   // zeroed in that stream's order too.
   void split_workspace(Device& dev, size_t words, unsigned counters, uint64_t* ws) {
     std::lock_guard lock(mu_);
-    Workspace& w = workspaces_[dev.ordinal()];
-    size_t part = words * 8, count = size_t(counters) * 4;
-    kiln::Device where{Api::kind, dev.ordinal()};
+    grow_workspace(workspaces_[dev.ordinal()], kiln::Device{Api::kind, dev.ordinal()}, words * 8, size_t(counters) * 4, ws);
+  }
+  // Grows w's partials to `part` bytes and its counters to `count` bytes (a grown one zeroed);
+  // their addresses into ws[0], ws[1].
+  static void grow_workspace(Workspace& w, kiln::Device where, size_t part, size_t count, uint64_t* ws) {
     if (!w.partials || w.partials->bytes() < part) w.partials = std::make_unique<Storage>(part, where);
     if (!w.counters || w.counters->bytes() < count) {
       w.counters = std::make_unique<Storage>(count, where);
@@ -1306,14 +1393,23 @@ class GpuBackend final : public Backend {
     for (int o = 0; o < 2; ++o)
       if (v.stage >> o & 1u) st[o] = reinterpret_cast<uint64_t>(static_cast<char*>(w.staged->data()) + offset[o]);
   }
-  struct Workspace {
-    std::unique_ptr<Storage> partials, counters, staged;
-  };
+  // A GEMM's column sums (GpuVariant::colsum_slot): a row of f32 sums per tile row of the output
+  // and a zeroed counter per column of tiles, in device memory of that kernel's own, so that it
+  // may run beside other kernels (schedule_streams); grown as calls need, never shrunk. The
+  // kernel leaves the counters at zero again. NOTE: a plan's calls on a device run in its
+  // streams' order (each call joins its streams), so calls share it.
+  void column_sum_workspace(Device& dev, const sched::Kernel& kernel, const KernelArgs& args, const codegen::GpuVariant& v, uint64_t* ws) {
+    const int64_t tiles_m = (args.size(0) + v.gemm.bm - 1) / v.gemm.bm, tiles_n = (args.size(1) + v.gemm.bn - 1) / v.gemm.bn;
+    std::lock_guard lock(mu_);
+    grow_workspace(column_sums_[{dev.ordinal(), &kernel}], kiln::Device{Api::kind, dev.ordinal()},
+                   size_t(tiles_m * args.size(1)) * 4, size_t(tiles_n) * 4, ws);
+  }
 
   const uint64_t serial_ = next_serial();
   std::mutex mu_;
   std::unordered_map<Hash128, Loaded, Hash128Hasher> cache_;
   std::unordered_map<int, Workspace> workspaces_;
+  std::map<std::pair<int, const sched::Kernel*>, Workspace> column_sums_;
 };
 
 namespace detail {

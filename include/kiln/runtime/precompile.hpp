@@ -72,6 +72,12 @@ inline void precompile(const ir::Graph& g, const CompiledPlan& cp, const std::ve
           changed = true;
         }
       }
+      if (pass == 0) {  // the GEMMs that sum a rows kernel's columns as they store (as the backend decides)
+        GpuCall c;
+        c.args = args, c.vars = std::move(vars);
+        assign_column_sums(g, cp, c);
+        vars = std::move(c.vars);
+      }
       if (!changed) continue;
       // The programs the backend builds (each GEMM alone): the other passes' GEMMs are disk hits.
       auto dialect = amd ? codegen::GpuDialect::hip : codegen::GpuDialect::cuda;

@@ -28,6 +28,9 @@
 //   may compute it per element as it loads it, from that tensor. Its own kernel stays in
 //   the plan (Kernel::prologue_of) for the GEMMs that cannot (tiles that arrive by a copy
 //   engine): the backend launches it only for those;
+// - a sum over the rows of a matrix a GEMM stores (a bias's gradient) stays a rows kernel;
+//   a GEMM that can sum its tiles' columns as it stores them (wgmma) does, and the backend
+//   then skips that kernel (runtime's assign_column_sums);
 // - matmul, concat and pad otherwise are kernels of their own; views read
 //   materialized values (so a view of a matmul never joins its epilogue); every
 //   merge is refused if it would make the kernel graph cyclic.

@@ -93,6 +93,14 @@ template <int R> KILN_FN void kiln_regs_inc() { asm volatile("setmaxnreg.inc.syn
 // A barrier of `threads` threads (a warpgroup's own: ids 1 and up; 0 is __syncthreads).
 KILN_FN void kiln_bar_sync(int id, int threads) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory"); }
 
+// A barrier of `threads` threads that also ORs `v` over them (bar.red.or): every thread gets it.
+KILN_FN bool kiln_bar_or(int id, int threads, bool v) {
+  uint32_t r;
+  asm volatile("{ .reg .pred p, q; setp.ne.u32 p, %1, 0; bar.red.or.pred q, %2, %3, p; selp.u32 %0, 1, 0, q; }\n"
+               : "=r"(r) : "r"((uint32_t)v), "r"(id), "r"(threads) : "memory");
+  return r != 0;
+}
+
 // A 32-bit word of two 16-bit floats back to floats (kiln_pack_bf16x2 in the prelude packs).
 KILN_FN void kiln_unpack_bf16x2(uint32_t w, float* f) {
   f[0] = __uint_as_float(w << 16);
@@ -157,4 +165,82 @@ KILN_FN void kiln_stage_tile(const float* __restrict__ src, int64_t sr, int64_t 
     asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(u) : "f"(t[x][y + 8 * i]));
     if (r < R && k < KP) dst[r * KP + k] = __uint_as_float(u);
   }
+}
+
+// Column sums of an output tile (GpuVariant::colsum_slot), by the `threads` threads (u = 0 ..)
+// that have just stored it, read back from L2. F, the stored format: 0 bf16, 1 f16, 2 f32 (16
+// bytes: VE = 8 or 4 elements). Lane l of a warp takes chunk l / 8 of the warp's four 16-byte
+// column chunks and rows l % 8, + 8, ... of the tile; the 8 row groups meet by shuffles, so the
+// sums come out the same on every run. The tile's sums go to row m0 / BM of `part` ([tiles
+// down M][N] floats). Returns whether this tile is the last of its column of tiles to get there
+// (a counter per column of tiles); that tile adds the rows of `part` (kiln_colsum_total) and
+// zeroes the counter again, so the next launch finds the workspace as this one did.
+template <int F>
+KILN_FN void kiln_colsum_add(const unsigned char* p, float* s) {
+  const uint4 q = *(const uint4*)p;  // NOTE: a plain load: the block's own stores, ordered by bar.sync
+  if constexpr (F == 2) {
+    s[0] += __uint_as_float(q.x), s[1] += __uint_as_float(q.y), s[2] += __uint_as_float(q.z), s[3] += __uint_as_float(q.w);
+  } else {
+    float f[8];
+    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if constexpr (F == 0) kiln_unpack_bf16x2(w[i], f + 2 * i);
+      else kiln_unpack_f16x2(w[i], f + 2 * i);
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s[i] += f[i];
+  }
+}
+template <int F, int BM, int BN>
+KILN_FN bool kiln_colsum_tile(const void* values, int64_t ld, int64_t m0, int64_t n0, int64_t Mr, int64_t N, float* part,
+                              unsigned* count, int u, int threads, int bar) {
+  constexpr int VE = F == 2 ? 4 : 8, EB = F == 2 ? 4 : 2, GROUPS = BN / VE / 4;
+  static_assert(BN % (VE * 4) == 0, "a tile's columns are whole groups of four 16-byte chunks");
+  kiln_bar_sync(bar, threads);  // the tile's stores are done; bar.sync orders them before the reads (one block)
+  const unsigned char* e = (const unsigned char*)values;
+  const int lane = u % 32, rg = lane % 8;
+  for (int cg = u / 32; cg < GROUPS; cg += threads / 32) {
+    const int64_t col = n0 + (cg * 4 + lane / 8) * VE;
+    float s[VE];
+#pragma unroll
+    for (int i = 0; i < VE; ++i) s[i] = 0.f;
+    if (col < N) {
+#pragma unroll
+      for (int i = 0; i < BM / 8; ++i) {
+        const int64_t row = m0 + rg + 8 * i;
+        if (row < Mr) kiln_colsum_add<F>(e + (row * ld + col) * EB, s);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < VE; ++i) {  // a + b == b + a: every lane of the 8 gets the same sums
+      s[i] += __shfl_xor_sync(0xffffffffu, s[i], 1);
+      s[i] += __shfl_xor_sync(0xffffffffu, s[i], 2);
+      s[i] += __shfl_xor_sync(0xffffffffu, s[i], 4);
+    }
+    if (rg == 0 && col < N) {
+      float4* out = (float4*)(part + (m0 / BM) * N + col);
+#pragma unroll
+      for (int i = 0; i < VE / 4; ++i) __stcg(out + i, make_float4(s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]));
+    }
+  }
+  // One thread's fence after the barrier orders every thread's partial sums before the count
+  // (PTX fences are cumulative): the others go on without waiting for their stores.
+  kiln_bar_sync(bar, threads);
+  bool last = false;
+  if (u == 0) {
+    __threadfence();
+    last = atomicAdd(count + n0 / BN, 1u) == (unsigned)((Mr + BM - 1) / BM - 1);
+  }
+  return kiln_bar_or(bar, threads, last);
+}
+// Column `col`'s total over the `tiles` rows of `part`: eight loads in flight, added in a fixed order.
+KILN_FN float kiln_colsum_total(const float* part, int64_t col, int64_t N, int64_t tiles) {
+  float a[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  int64_t t = 0;
+  for (; t + 8 <= tiles; t += 8)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) a[j] += __ldcg(part + (t + j) * N + col);
+  for (int j = 0; t < tiles; ++t, ++j) a[j] += __ldcg(part + t * N + col);
+  return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
 }
