@@ -168,13 +168,14 @@ KILN_FN void kiln_stage_tile(const float* __restrict__ src, int64_t sr, int64_t 
 }
 
 // Column sums of an output tile (GpuVariant::colsum_slot), by the `threads` threads (u = 0 ..)
-// that have just stored it, read back from L2. F, the stored format: 0 bf16, 1 f16, 2 f32 (16
-// bytes: VE = 8 or 4 elements). Lane l of a warp takes chunk l / 8 of the warp's four 16-byte
-// column chunks and rows l % 8, + 8, ... of the tile; the 8 row groups meet by shuffles, so the
-// sums come out the same on every run. The tile's sums go to row m0 / BM of `part` ([tiles
-// down M][N] floats). Returns whether this tile is the last of its column of tiles to get there
-// (a counter per column of tiles); that tile adds the rows of `part` (kiln_colsum_total) and
-// zeroes the counter again, so the next launch finds the workspace as this one did.
+// that have just stored it, read back (the block's own stores: L1 or L2). F, the stored
+// format: 0 bf16, 1 f16, 2 f32 (16 bytes: VE = 8 or 4 elements). Lane l of a warp takes chunk
+// l / 8 of the warp's four 16-byte column chunks and rows l % 8, + 8, ... of the tile; the 8 row
+// groups meet by shuffles, so the sums come out the same on every run. The tile's sums go to row
+// m0 / BM of `part` ([tiles down M][N] floats). Returns whether this tile is the last of its
+// column of tiles to get there (a counter per column of tiles); that tile adds the rows of `part`
+// (kiln_colsum_total) and zeroes the counter again, so the next launch finds the workspace as
+// this one did.
 template <int F>
 KILN_FN void kiln_colsum_add(const unsigned char* p, float* s) {
   const uint4 q = *(const uint4*)p;  // NOTE: a plain load: the block's own stores, ordered by bar.sync
