@@ -79,6 +79,11 @@ TEST_CASE("a mean loss, and a pointwise op after a reduction that drops its dims
     auto cols = kiln::sum(x.t, 0) * kiln::amax(y.t, 0);
     auto centred = x.t - kiln::unsqueeze(kiln::mean(x.t, 1), 1);  // the dims dropped, then put back
     auto flat = kiln::reshape(x.t * 2.0f, std::array<int64_t, 1>{shape[0] * shape[1]}) + 1.0f;  // a reshape of a kernel's output
+    // A reduction over every element of a reshape of a kernel's output: flattened, and turned.
+    auto flat_mean = kiln::mean(kiln::reshape(x.t * 2.0f, std::array<int64_t, 1>{shape[0] * shape[1]}));
+    auto turned_max = kiln::amax(kiln::reshape(x.t * y.t, std::array<int64_t, 2>{shape[1], shape[0]}));
+    CHECK(kernel_count(Mode::fused, flat_mean) == 1);
+    CHECK(kernel_count(Mode::fused, turned_max) == 1);
     CHECK(kernel_count(Mode::fused, loss) == 1);
     CHECK(kernel_count(Mode::fused, rows) == 1);
     CHECK(kernel_count(Mode::fused, centred) == 1);
@@ -93,6 +98,12 @@ TEST_CASE("a mean loss, and a pointwise op after a reduction that drops its dims
     check_close(f, ref::map(ref::reshape(x.a, {count(dims(shape))}), [](double p) { return float(p * 2) + 1.0; }), {2e-6, 1e-6},
                 "reshape(x * 2, [n]) + 1");
     const double n = double(count(dims(shape)));
+    Tensor<f32, 0> fm = flat_mean, tm = turned_max;
+    const Array fm_scale = ref::scalar(2 * ref::abs_sum(x.a, {0, 1}).v[0] / n);  // a sum's rounding scales with sum(|terms|)
+    check_close(fm, ref::scalar(ref::sum(ref::map(x.a, [](double p) { return double(float(p * 2)); }), {0, 1}).v[0] / n),
+                {2e-5, 1e-6}, "mean(reshape(x * 2, [n]))", &fm_scale);
+    check_close(tm, ref::amax(ref::reshape(ref::zip(x.a, y.a, [](double p, double q) { return double(float(p * q)); }), {shape[1], shape[0]}), {0, 1}),
+                {1e-6, 1e-7}, "amax(reshape(x * y, [cols, rows]))");
     check_close(l, ref::map(ref::sum(ref::zip(x.a, x.a, [](double p, double q) { return p * q; }), {0, 1}),
                             [n](double v) { return v / n; }),
                 {2e-5, 1e-6}, "mean(x * x)");

@@ -194,6 +194,7 @@ class Tracer {
         if (int f = factor_tangent(n, ids[0], ids[1]); f >= 0) return f;
       }
       if (int sunk = sink_reshape(n, std::span<const int32_t>(ids)); sunk >= 0) return sunk;
+      if (int whole = reduce_under_reshape(n, std::span<const int32_t>(ids)); whole >= 0) return whole;
       if constexpr (T::op == Prim::view) {
         if (int same = collapse_reshapes(n, ids[0]); same >= 0) return same;
         if (int folded = fold_view(n, ids[0]); folded >= 0) return folded;
@@ -362,6 +363,29 @@ class Tracer {
     Node reshape = v;
     reshape.dtype = n.dtype;
     return add(std::move(reshape), {kept_op});
+  }
+
+  // A reduction over every element of a reshape of a computed value reduces the value itself,
+  // its result reshaped after: `mean(reshape(x * 2, [n]))` is one kernel, where the reshape's view
+  // had `x * 2` stored first and read back. Exact: the same elements (in another order). Not for a
+  // reduction over some axes, which would depend on how the reshape groups the dims.
+  // NOTE: the reshape after it reuses the view's attributes (a reshape's target is its node's
+  // shape; the attributes' sizes only tell nodes apart).
+  int reduce_under_reshape(const Node& n, std::span<const int32_t> ids) {
+    if (prim_info(n.op).kind != PrimKind::reduce || ids.size() != 1 || n.axes != (1u << n.rank) - 1) return -1;
+    const Node v = g_.nodes[size_t(ids[0])];  // copies: add() may move the nodes
+    if (v.op != Prim::view || v.view->kind != ViewKind::reshape) return -1;
+    const int under = g_.arg(v, 0);
+    const Node u = g_.nodes[size_t(under)];
+    if (u.op == Prim::input || u.op == Prim::view) return -1;
+    Node whole = n;
+    whole.rank = u.rank, whole.axes = (1u << u.rank) - 1, whole.ones = whole.axes;
+    whole.shape.fill(1);
+    const int reduced = add(std::move(whole), {under});
+    if (u.rank == n.rank) return reduced;
+    Node back = v;
+    back.dtype = n.dtype, back.rank = n.rank, back.shape = n.shape, back.ones = n.ones;
+    return add(std::move(back), {reduced});
   }
 
   // A gradient's products with the cotangent factored out (autograd's terms come in as chains
