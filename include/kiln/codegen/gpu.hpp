@@ -108,6 +108,10 @@ struct GpuVariant {
   }
 };
 
+// Whether a GEMM of config c can sum a matrix's columns as it stores it (GpuVariant::colsum_slot):
+// the wgmma kind, not stream-K (whose workspace is the tiles' hand-over).
+inline bool gemm_sums_columns(const GemmConfig& c) { return c.kind == GemmKind::wgmma && !(c.persistent && c.stream_k); }
+
 // The workspace words an argument struct ends with (GpuVariant::workspace): partials, counters.
 inline constexpr int kGpuSplitWords = 2;
 // The staged operands' buffers (GpuVariant::stage), A's and B's, after the workspace words.

@@ -361,7 +361,7 @@ inline void skip_computed_prologues(const sched::Plan& plan, std::vector<codegen
 // only K-major operands, so it stages the others (GpuVariant::stage) and reads their copies.
 inline void set_gemm(codegen::GpuVariant& v, const codegen::GemmConfig& c, const codegen::GemmProblem& p) {
   v.gemm = c, v.gemm_ops = p.ops, v.stage = 0;
-  if (c.kind != codegen::GemmKind::wgmma || (c.persistent && c.stream_k)) v.colsum_slot = v.colsum_kernel = -1;
+  if (!codegen::gemm_sums_columns(c)) v.colsum_slot = v.colsum_kernel = -1;
   if (c.kind == codegen::GemmKind::wgmma && p.dtype == DType::f32) {
     v.stage = uint8_t((p.ops.a_k_major ? 0 : 1) | (p.ops.b_k_major ? 0 : 2));
     v.gemm_ops.a_k_major = v.gemm_ops.b_k_major = true;
@@ -657,8 +657,8 @@ inline void assign_column_sums(const ir::Graph& g, const CompiledPlan& cp, GpuCa
       const sched::Kernel& K = kernels[k];
       codegen::GpuVariant& v = c.vars[k];
       const KernelArgs& a = c.args[k];
-      if (K.kind != sched::KernelKind::matmul || a.work == 0 || a.meta[0] != 2 || v.gemm.kind != codegen::GemmKind::wgmma ||
-          (v.gemm.persistent && v.gemm.stream_k) || v.colsum_slot >= 0 || (by_library && (*by_library)[k]))
+      if (K.kind != sched::KernelKind::matmul || a.work == 0 || a.meta[0] != 2 || !codegen::gemm_sums_columns(v.gemm) ||
+          v.colsum_slot >= 0 || (by_library && (*by_library)[k]))
         continue;
       const auto& slots = cp.layouts[k].slots;
       int slot = -1;
