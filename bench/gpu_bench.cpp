@@ -17,6 +17,7 @@
 // KILN_BENCH_ONLY=energy: W4's GEMMs and step back to back, energy per call from NVML (torch_w4_gemms.py --energy).
 // KILN_BENCH_SPLIT_AB=1 (with KILN_BENCH_ONLY=w4): the W4 step with the split epilogue forced on its GEMMs with long epilogues.
 // KILN_BENCH_OVERLAP_AB=1 (with KILN_BENCH_ONLY=w4): the W4 step with kernel overlap off and on, alternated.
+// KILN_BENCH_KEEP_AB=1: the rows with kept rows loaded L2 evict_last off and on (gpu_loads_keep), alternated.
 // KILN_BENCH_COLSUM_AB=1 (with KILN_BENCH_ONLY=w4): the W4 step with db1 and db2 summed by rows
 // kernels and by the GEMMs that store dh and dy (kiln::gemm_column_sums, off by default), alternated.
 #include <kiln/kiln.hpp>
@@ -998,6 +999,42 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < yv.size(); ++i) ref += (yv[i] + bv[i % size_t(C)]) * (yv[i] + bv[i % size_t(C)]);
     report({name, time_ms([&] { Tensor<f32, 0> o = f(); }), time_ms([&] { auto o = eval_eager(f()); }), double(R) * C * 2 + C * 2.0 + 4,
             max_rel(s.to_vector(), {ref}), kernel_count(Mode::fused, f())});
+  }
+  if (std::getenv("KILN_BENCH_KEEP_AB")) {  // the rows kept in registers loaded L2 evict_last, off and on alternated
+    Tensor<f32, 2> x2 = randn<f32>(Shape<2>{8192, 8192}, 4), x8 = randn<f32>(Shape<2>{32768, 4096}, 8);
+    Tensor<f32, 2> xl = randn<f32>(Shape<2>{2048, 65536}, 20);
+    Tensor<bf16, 2> x3 = cast<bf16>(randn<f32>(Shape<2>{16384, 4096}, 5)), s1 = cast<bf16>(randn<f32>(Shape<2>{8192, 16384}, 21)),
+                    s2 = cast<bf16>(randn<f32>(Shape<2>{8192, 4096}, 22));
+    Tensor<bf16, 1> w = cast<bf16>(randn<f32>(Shape<1>{4096}, 6)), b = cast<bf16>(randn<f32>(Shape<1>{4096}, 7));
+    int64_t n = int64_t(1) << 26;
+    Tensor<f32, 1> x = randn<f32>(Shape<1>{n}, 1), a = randn<f32>(Shape<1>{n}, 2), bb = randn<f32>(Shape<1>{n}, 3);
+    Tensor<f32, 1> r24 = randn<f32>(Shape<1>{6 << 20}, 23);
+    Tensor<bf16, 2> ga = cast<bf16>(randn<f32>(Shape<2>{4096, 2048}, 24)), gb = cast<bf16>(randn<f32>(Shape<2>{2048, 4096}, 25));
+    auto pct = [&](double bytes, double ms) { return 100.0 * bytes / ms / 1e6 / copy_gbs; };
+    std::printf("keep A/B: %% of copy with the rows kept in registers loaded L2 evict_last off (-1) and on (1)\n%-6s %-5s %8s %8s %8s %8s %8s %8s %8s %8s %8s %s %s\n", "round",
+                "keep", "W1", "W2", "W3", "W8 sum", "W8 vm", "long sm", "x*w+b", "db1 sum0", "db2 sum0", "us sum(24M) after W3", "us GEMM after W3");
+    for (int r = 0; r < 3; ++r)
+      for (int keep : {-1, 1}) {
+        runtime::gpu_loads_keep() = keep;
+        double w1 = pct(4.0 * n * 4, time_ms([&] { Tensor<f32, 1> o = gelu(x * a + bb) * sigmoid(x); }));
+        double w2 = pct(2.0 * 8192 * 8192 * 4, time_ms([&] { Tensor<f32, 2> o = softmax(x2, -1); }));
+        double w3 = pct(2.0 * 16384 * 4096 * 2, time_ms([&] { Tensor<bf16, 2> o = layer_norm(x3, w, b, 1e-5); }));
+        double w8 = pct(32768.0 * 4096 * 4, time_ms([&] { Tensor<f32, 1> o = sum(x8, -1); }));
+        double vm = pct(32768.0 * 4096 * 4, time_ms([&] { auto o = eval(var_mean(x8, -1)); }));
+        double ls = pct(2.0 * 2048 * 65536 * 4, time_ms([&] { Tensor<f32, 2> o = softmax(xl, -1); }));
+        double xwb = pct(2.0 * 16384 * 4096 * 2, time_ms([&] { Tensor<bf16, 2> o = x3 * w + b; }));
+        double c1 = pct(8192.0 * 16384 * 2, time_ms([&] { Tensor<bf16, 1> o = sum(s1, 0); }));
+        double c2 = pct(8192.0 * 4096 * 2, time_ms([&] { Tensor<bf16, 1> o = sum(s2, 0); }));
+        // what W3's rows leave in the L2 for the next kernel: a sum over 24 MiB after each layer_norm, back to back
+        double ln = loop_ms([&] { Tensor<bf16, 2> o = layer_norm(x3, w, b, 1e-5); }, 50);
+        double after = loop_ms([&] { Tensor<bf16, 2> o = layer_norm(x3, w, b, 1e-5); Tensor<f32, 0> t = sum(r24); }, 50) - ln;
+        // and a GEMM of [4096, 2048] x [2048, 4096] bf16 (32 MiB of operands) after each layer_norm
+        double gemm = loop_ms([&] { Tensor<bf16, 2> o = layer_norm(x3, w, b, 1e-5); Tensor<bf16, 2> m = matmul(ga, gb); }, 50) - ln;
+        std::printf("%-6d %-5d %7.1f%% %7.1f%% %7.1f%% %7.1f%% %7.1f%% %7.1f%% %7.1f%% %7.1f%% %7.1f%% %8.1f %8.1f\n", r, keep, w1, w2, w3, w8, vm, ls, xwb, c1, c2,
+                    after * 1000, gemm * 1000);
+        std::fflush(stdout);
+      }
+    runtime::gpu_loads_keep() = 0;
   }
   if (sweep) {  // block rows: kiln's choice against each fixed block size, residency and streaming mode
     int64_t C2 = 8192, C3 = 4096;

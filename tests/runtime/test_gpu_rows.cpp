@@ -12,8 +12,8 @@
 //   * host side (no GPU): the column form, block and grid each shape, dtype and view gets;
 //   * nvrtc / hiprtc (no GPU): which strategy each shape gets, and the programs
 //     compile for sm_80, sm_90, gfx90a (wave64) and gfx1030 (wave32);
-//   * gpu: the same numbers on kiln::cuda(0); block rows under the residency, streaming and
-//     exact overrides too.
+//   * gpu: the same numbers on kiln::cuda(0); block rows under the residency, streaming,
+//     exact and keep overrides too.
 #include <bit>
 
 #include "../support/gpu_program.hpp"
@@ -553,10 +553,14 @@ std::vector<std::string> strategy_programs(int warp) {
     CHECK(v[0].threads == 128);  // W3's rows: 512 16-byte chunks, four per thread
     CHECK(v[0].exact);
     CHECK(src.find("kiln_bf16_at(L") != std::string::npos);  // bf16 from 32-bit words: a shift or a mask each
-    // x loaded once into registers, weight and bias only where the store pass reads them
-    size_t loads = 0;
-    for (size_t p = src.find("kiln_load_vec<"); p != std::string::npos; p = src.find("kiln_load_vec<", p + 1)) ++loads;
-    CHECK(loads == 3);
+    // x loaded once into registers (L2 evict_last), weight and bias only where the store pass reads them
+    auto count = [&](const std::string& what) {
+      size_t n = 0;
+      for (size_t p = src.find(what); p != std::string::npos; p = src.find(what, p + 1)) ++n;
+      return n;
+    };
+    CHECK(count("kiln_load_vec_keep<") == 1);
+    CHECK(count("kiln_load_vec<") == 2);
     CHECK(!v[0].stream);
     // the outputs kept as floats and converted to bf16 two at a time as they are stored
     CHECK(src.find("kiln_store_vec_from_f32<8, true, false>(q") != std::string::npos);
@@ -611,6 +615,19 @@ std::vector<std::string> strategy_programs(int warp) {
     CHECK(v[1].stream == (streaming >= 0));
     CHECK((src.find("kiln_load_vec_stream<4>(L") != std::string::npos) == (streaming > 0));  // kernel 0's kept row
     CHECK((src.find("kiln_store_vec_stream<4>(q") != std::string::npos) == (streaming >= 0));
+    // a kept row not loaded streaming is loaded L2 evict_last
+    CHECK(v[0].keep == (streaming <= 0));
+    CHECK(!v[1].keep);
+    CHECK((src.find("kiln_load_vec_keep<4>(L0[k], q0 + j)") != std::string::npos) == (streaming <= 0));
+    out.push_back(src);
+  }
+  {  // the keep override off: plain loads
+    runtime::gpu_loads_keep() = -1;
+    auto [src, v] = program(softmax(x(64, 8192), -1));
+    runtime::gpu_loads_keep() = 0;
+    CHECK(v[0].persist > 0);
+    CHECK(!v[0].keep);
+    CHECK(src.find("kiln_load_vec_keep<") == std::string::npos);
     out.push_back(src);
   }
   {
@@ -821,7 +838,7 @@ TEST_CASE("a weight and bias along rows past 2^31 elements on kiln::cuda(0): ind
   }
 }
 
-TEST_CASE("block rows under the residency, streaming and exact overrides on kiln::cuda(0) against float64") {
+TEST_CASE("block rows under the residency, streaming, exact and keep overrides on kiln::cuda(0) against float64") {
   if (!runtime::CudaDeviceApi::present()) {
     MESSAGE("no CUDA GPU: skipped");
     return;
@@ -839,6 +856,10 @@ TEST_CASE("block rows under the residency, streaming and exact overrides on kiln
   runtime::gpu_rows_exact() = -1;
   check_block_rows_resident(kiln::cuda(0), 0);
   runtime::gpu_rows_exact() = 0;
+  // kept rows' loads with the L2 policy off (kiln's choice, on, runs in every test above)
+  runtime::gpu_loads_keep() = -1;
+  check_block_rows_resident(kiln::cuda(0), 0);
+  runtime::gpu_loads_keep() = 0;
 }
 
 }  // TEST_SUITE("gpu")

@@ -33,6 +33,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -142,6 +143,17 @@ inline std::atomic<int>& gpu_block_rows_resident() {
 // loads and stores; -1: off). A benchmark sweeps it; each value is its own compiled variant.
 inline std::atomic<int>& gpu_rows_streaming() {
   static std::atomic<int> mode{0};
+  return mode;
+}
+
+// Tuning override: L2 evict_last on the loads of block rows kept in registers (GpuVariant::keep;
+// 0: kiln's choice, on; 1: on; -1: off). Its first value is KILN_LOADS_KEEP's
+// (an A/B between processes). A benchmark sweeps it; each value is its own compiled variant.
+inline std::atomic<int>& gpu_loads_keep() {
+  static std::atomic<int> mode{[] {
+    const char* e = std::getenv("KILN_LOADS_KEEP");
+    return e && *e ? std::atoi(e) : 0;
+  }()};
   return mode;
 }
 
@@ -472,6 +484,9 @@ inline codegen::GpuVariant gpu_variant(const ir::Graph& g, const sched::Kernel& 
     // there (W2 93.5 -> 87.2%, W3 85.8 -> 83.2%).
     int streaming = gpu_rows_streaming().load(std::memory_order_relaxed);
     v.stream = v.vec && !v.split && (streaming > 0 || (streaming == 0 && !v.persist));
+    // A kept row loaded L2 evict_last (GpuVariant::keep). NOTE: on an H200 W2 went from 94.5 to
+    // 98.2% of copy, W3 from 88.1 to 91.9%, W8 unchanged (docs/benchmarks.md, thirty-second session).
+    v.keep = v.persist && !v.stream && gpu_loads_keep().load(std::memory_order_relaxed) >= 0;
     // A kept row of at most 16 registers a thread (W3's bf16 row, W8's) leaves room for 1280
     // resident threads (48 registers each) without spilling: on an H200 W3 went from 85.8 to
     // 87.4% of copy (W8 within noise); W2's row (32 registers and its exponentials) spills there.
@@ -617,10 +632,10 @@ inline Hash128 variant_key(const std::vector<codegen::GpuVariant>& vars) {
   for (const codegen::GpuVariant& v : vars) {
     if (!v.strides.empty()) vh.add(v.strides.data(), v.strides.size());
     const codegen::GemmConfig& gc = v.gemm;
-    int32_t w[35] = {v.vec, v.group, v.persist, v.split, v.threads, int(gc.kind), gc.bm, gc.bn, gc.bk, gc.wm, gc.wn, gc.stages,
+    int32_t w[36] = {v.vec, v.group, v.persist, v.split, v.threads, int(gc.kind), gc.bm, gc.bn, gc.bk, gc.wm, gc.wn, gc.stages,
                      gc.persistent, gc.split_epilogue, v.gemm_ops.a_k_major, v.gemm_ops.b_k_major, v.cols, v.epilogue_vec, v.vec_rows,
                      v.resident, v.stream, v.exact, int32_t(v.whole), v.rank, v.outer_rank, gc.group, gc.stream_k, gc.cluster,
-                     v.prologue, v.skip, gc.k_slices, gc.split_k, v.stage, v.colsum_slot, int32_t(v.colsum_dtype)};
+                     v.prologue, v.skip, gc.k_slices, gc.split_k, v.stage, v.colsum_slot, int32_t(v.colsum_dtype), int32_t(v.keep)};
     vh.add(w, sizeof w);
   }
   return vh.digest();
@@ -787,6 +802,7 @@ inline void variant_inputs(const std::vector<KernelArgs>& args, std::vector<int6
   out.push_back(gpu_block_rows_resident().load(std::memory_order_relaxed));
   out.push_back(gpu_rows_streaming().load(std::memory_order_relaxed));
   out.push_back(gpu_rows_exact().load(std::memory_order_relaxed));
+  out.push_back(gpu_loads_keep().load(std::memory_order_relaxed));
   out.push_back(allow_tf32());
   out.push_back(gemm_column_sums());
 }

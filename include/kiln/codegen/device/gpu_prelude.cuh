@@ -208,6 +208,30 @@ template <int V, class T> KILN_FN void kiln_load_vec(T* dst, const T* src) {
 #pragma unroll
   for (int k = 0; k < (int)(V * sizeof(T) / 16); ++k) ((uint4*)dst)[k] = __ldg(((const uint4*)src) + k);
 }
+// The same loads marked L2 evict_last (an L2 cache policy; sm_80 and later, else plain loads):
+// for the rows a block keeps in registers (GpuVariant::keep). NOTE: on an H200, with the L2
+// full of dirty lines (the benchmarks' flush), W2's softmax went from 94.5 to 98.2% of the copy
+// ceiling and W3's layer_norm from 88.1 to 91.9% (W8 unchanged); what the lines leave in the L2
+// cost a GEMM after the layer_norm nothing and a 24 MiB sum after it 0.5 us. Giving each line
+// its normal priority back once read (applypriority, one request a line) lost most of that and
+// cost W8 12 points (docs/benchmarks.md, thirty-second session).
+KILN_FN uint4 kiln_ld16_keep(const uint4* p) {
+#if !defined(KILN_HIP) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint64_t policy;
+  asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  uint4 r;
+  asm("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p), "l"(policy));
+  return r;
+#else
+  return __ldg(p);
+#endif
+}
+template <int V, class T> KILN_FN void kiln_load_vec_keep(T* dst, const T* src) {
+  static_assert((V * sizeof(T)) % 16 == 0, "whole 16-byte words");
+#pragma unroll
+  for (int k = 0; k < (int)(V * sizeof(T) / 16); ++k) ((uint4*)dst)[k] = kiln_ld16_keep(((const uint4*)src) + k);
+}
 template <int V, class T> KILN_FN void kiln_store_vec(T* dst, const T* src) {
 #pragma unroll
   for (int k = 0; k < (int)(V * sizeof(T) / 16); ++k) kiln_store16((uint4*)dst + k, ((const uint4*)src)[k]);
