@@ -177,7 +177,7 @@ TEST_CASE("GPU dispatch: column sums, aligned (16-byte chunks, rows split) and a
   CHECK(dispatch(backend, 0, col_sum(x)).loads == 0);
 }
 
-TEST_CASE("GPU dispatch: the block-size override, a GEMM chooser, TF32 and another device are seen by a repeat call") {
+TEST_CASE("GPU dispatch: the block-size and keep overrides, a GEMM chooser, TF32 and another device are seen by a repeat call") {
   KILN_TEST_RNG(rng);
   FakeGpuBackend backend;
   auto rows = host(rng, Shape<2>{600, 2048});  // many rows: a block each, not split
@@ -191,6 +191,22 @@ TEST_CASE("GPU dispatch: the block-size override, a GEMM chooser, TF32 and anoth
   CHECK(forced.loads == 1);
   runtime::gpu_block_rows_threads() = 0;
   CHECK(dispatch(backend, 0, row_max(rows)).vars[0].threads == chosen.vars[0].threads);
+
+  // So is the L2 policy of rows kept in registers (GpuVariant::keep): each setting its own program.
+  auto soft = [](const Tensor<f32, 2>& t) { return softmax(t, -1); };
+  Dispatch kept = dispatch(backend, 0, soft(rows));
+  REQUIRE(kept.vars[0].persist > 0);
+  CHECK(kept.vars[0].keep);
+  CHECK(FakeGpuApi::device(0).modules.back().source.find("kiln_load_vec_keep<4>(L0[k]") != std::string::npos);
+  runtime::gpu_loads_keep() = -1;
+  Dispatch plain_loads = dispatch(backend, 0, soft(rows));
+  runtime::gpu_loads_keep() = 0;
+  CHECK(!plain_loads.vars[0].keep);
+  CHECK(plain_loads.loads == 1);
+  CHECK(FakeGpuApi::device(0).modules.back().source.find("kiln_load_vec_keep<") == std::string::npos);
+  Dispatch again = dispatch(backend, 0, soft(rows));
+  CHECK(again.vars[0].keep);
+  CHECK(again.loads == 0);
 
   // A GEMM chooser hook decides what the inputs do not show.
   auto a = host<bf16>(rng, Shape<2>{128, 64}), b = host<bf16>(rng, Shape<2>{64, 128});
