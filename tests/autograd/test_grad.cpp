@@ -156,6 +156,20 @@ TEST_CASE("grad: composites (nn functions) against finite differences") {
   }, x, w, b, W, c, y);
 }
 
+// Losses over the rows of a flattened batch, `reshape(h, [b * t, v])` of a computed h: the
+// reductions run on h itself (ir::Tracer::reduce_under_reshape), and so does the backward.
+TEST_CASE("grad: losses over the rows of a reshape of a computed value (a flattened batch)") {
+  KILN_TEST_RNG(rng);
+  auto x = rnd<3>(rng, {2, 3, 5}, Layout::transposed);
+  auto w = rnd<1>(rng, {5});
+  auto b = rnd<1>(rng, {5});
+  auto target = Tensor<i64, 1>::from({4, 0, 2, 1, 3, 0});
+  check_grad("cross_entropy, layer_norm and softmax over reshape(x * w + b, [6, 5])", [&](const auto& x, const auto& w, const auto& b) {
+    auto rows = reshape(x * w + b, std::array<int64_t, 2>{6, 5});
+    return cross_entropy(rows, target) + sum(layer_norm(rows, w, b) * rows) + sum(softmax(rows, 1) * rows) + sum(sum(rows, 1) * sum(rows, 1));
+  }, x, w, b);
+}
+
 TEST_CASE("grad: ties and zero-gradient rows match PyTorch exactly") {
   auto a = Tensor<f64, 2>::from({{1, 3, 3}, {2, 2, 2}});
   auto b = Tensor<f64, 2>::from({{1, 0, 3}, {5, 2, 0}});

@@ -118,6 +118,46 @@ TEST_CASE("a mean loss, and a pointwise op after a reduction that drops its dims
   }
 }
 
+// A reduction over trailing dims that a reshape of a computed value keeps reduces the value
+// (ir::Tracer::reduce_under_reshape), and the pointwise ops around it run on the value too
+// (sink_reshape): softmax, layer_norm and a row sum over `reshape(x * 2, [b * t, v])` (the rows
+// of a flattened batch, as a loss over a sequence's logits reads them) are one kernel each.
+TEST_CASE("softmax, layer_norm and a row sum over the rows of a reshape of a computed value are one kernel each") {
+  KILN_TEST_RNG(rng);
+  for (Shape<3> shape : {Shape<3>{3, 5, 33}, Shape<3>{1, 4, 7}, Shape<3>{2, 3, 1}, Shape<3>{1, 1, 1}})
+  for (Layout layout : {Layout::contiguous, Layout::transposed, Layout::strided}) {
+    auto x = input<f32, 3>(rng, shape, layout);
+    auto w = input<f32, 1>(rng, Shape<1>{shape[2]}), b = input<f32, 1>(rng, Shape<1>{shape[2]});
+    CAPTURE(str(dims(shape)));
+    CAPTURE(name(layout));
+    const std::array<int64_t, 2> rows{shape[0] * shape[1], shape[2]};
+    auto y = kiln::reshape(x.t * 2.0f, rows);
+    auto sm = kiln::softmax(y, -1);
+    auto ln = kiln::layer_norm(y, w.t, b.t, 1e-5);
+    auto s = kiln::sum(y, 1);
+    CHECK(kernel_count(Mode::fused, sm) == 1);
+    CHECK(kernel_count(Mode::fused, ln) == 1);
+    CHECK(kernel_count(Mode::fused, s) == 1);
+    Counters before = counters();
+    Tensor<f32, 2> got_sm = sm, got_ln = ln;
+    Tensor<f32, 1> got_s = s;
+    CHECK(counters().kernels_launched - before.kernels_launched == 3);
+    Array y_ref = ref::reshape(ref::map(x.a, [](double p) { return double(float(p * 2)); }), {rows[0], rows[1]});
+    check_close(got_sm, ref::softmax(y_ref, 1), {1e-5, 1e-7}, "softmax(reshape(x * 2, [b * t, v]), -1)");
+    check_close(got_ln, ref::layer_norm(y_ref, w.a, b.a, 1e-5), {1e-4, 1e-4}, "layer_norm(reshape(x * 2, [b * t, v]), w, b)");
+    const Array s_scale = ref::abs_sum(y_ref, {1});
+    check_close(got_s, ref::sum(y_ref, {1}), {2e-6, 1e-7}, "sum(reshape(x * 2, [b * t, v]), 1)", &s_scale);
+  }
+  // Reduced dims the reshape does not keep ([b, t * v] from [b, t, v] with t > 1) read the stored product.
+  auto x = input<f32, 3>(rng, Shape<3>{3, 5, 7});
+  auto merged = kiln::sum(kiln::reshape(x.t * 2.0f, std::array<int64_t, 2>{3, 35}), 1);
+  CHECK(kernel_count(Mode::fused, merged) == 2);
+  Tensor<f32, 1> got = merged;
+  const Array y3 = ref::reshape(ref::map(x.a, [](double p) { return double(float(p * 2)); }), {3, 35});
+  const Array scale3 = ref::abs_sum(y3, {1});
+  check_close(got, ref::sum(y3, {1}), {2e-6, 1e-7}, "sum(reshape(x * 2, [b, t * v]), 1)", &scale3);
+}
+
 TEST_CASE("a subexpression used twice is computed once") {
   KILN_TEST_RNG(rng);
   auto x = input<f32, 2>(rng, {37, 129});

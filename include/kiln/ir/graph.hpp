@@ -323,13 +323,23 @@ class Tracer {
     return add(std::move(direct), {under});
   }
 
+  // How many trailing dims a reshape from `from` to `to` keeps (equal sizes, so the reshape only
+  // merges or splits the dims before them, and an element keeps its index in them).
+  static int kept_suffix(const Node& from, const Node& to) {
+    int k = 0;
+    while (k < from.rank && k < to.rank && from.shape[size_t(from.rank - 1 - k)] == to.shape[size_t(to.rank - 1 - k)]) ++k;
+    return k;
+  }
+
   // A pointwise op on a reshape of a computed value (a buffer in row-major order: a reduction's
   // rank-dropping form `sum(x, 1)`, `mean(x)`, or any reshape of a kernel's output) runs on the
   // value as computed and the reshape follows it: `mean(x)` is `reshape(sum(x, keepdim) * (1 / n))`,
   // so the scale joins the reduction's kernel as a row-level store, where the reshape's view would
-  // have read a stored buffer in a kernel of its own. The other operands: a reshape to the same
-  // shape of a value of the same shape, or a value of one element (broadcast either way). Exact:
-  // the same elements in the same order.
+  // have read a stored buffer in a kernel of its own. The other operands: a reshape of the same
+  // kind (from the value's leading dims to the view's, its own trailing dims those the reshape
+  // keeps or 1: the row max of softmax over `reshape(y, [b * t, v])`), a value that broadcasts
+  // along the kept trailing dims alone (a weight over the rows), or one element. Exact: the same
+  // elements in the same order.
   int sink_reshape(const Node& n, std::span<const int32_t> ids) {
     const PrimKind k = prim_info(n.op).kind;
     if (ids.empty() || !(k == PrimKind::unary || k == PrimKind::binary || k == PrimKind::ternary || k == PrimKind::cast)) return -1;
@@ -340,19 +350,36 @@ class Tracer {
       const Prim op = g_.nodes[size_t(c)].op;
       return op == Prim::input || op == Prim::view ? -1 : c;
     };
-    int view = -1, kept = -1;
+    int view = -1, kept = -1;  // an operand of the result's shape that is such a reshape
     for (int id : ids)
-      if (int c = reshaped(id); c >= 0) view = id, kept = c;
+      if (int c = reshaped(id); c >= 0 && same_shape(n, g_.nodes[size_t(id)])) view = id, kept = c;
     if (view < 0) return -1;
     const Node v = g_.nodes[size_t(view)], c = g_.nodes[size_t(kept)];  // copies: add() may move the nodes
-    if (!same_shape(n, v)) return -1;
+    const int suffix = kept_suffix(c, v), lead_v = v.rank - suffix, lead_c = c.rank - suffix;
+    // `a` a reshape of `d` as v is of c, but for kept trailing dims of 1 in both
+    auto alike = [&](const Node& a, const Node& d) {
+      if (a.rank != v.rank || d.rank != c.rank) return false;
+      if (!std::equal(a.shape.begin(), a.shape.begin() + lead_v, v.shape.begin()) ||
+          !std::equal(d.shape.begin(), d.shape.begin() + lead_c, c.shape.begin()))
+        return false;
+      for (int i = 0; i < suffix; ++i) {
+        const int64_t sa = a.shape[size_t(lead_v + i)], sd = d.shape[size_t(lead_c + i)];
+        if (sa != sd || (sa != 1 && sa != v.shape[size_t(lead_v + i)])) return false;
+      }
+      return true;
+    };
     std::array<int32_t, 3> args{};
     for (size_t i = 0; i < ids.size(); ++i) {
       const Node& a = g_.nodes[size_t(ids[i])];
       const int under = reshaped(ids[i]);
-      if (under >= 0 && same_shape(a, v) && same_shape(g_.nodes[size_t(under)], c))
+      bool trailing = a.rank <= suffix;  // broadcasts along the kept trailing dims alone
+      for (int d = 0; d < a.rank && trailing; ++d) {
+        const int64_t sa = a.shape[size_t(d)];
+        trailing = sa == 1 || sa == v.shape[size_t(v.rank - a.rank + d)];
+      }
+      if (under >= 0 && alike(a, g_.nodes[size_t(under)]))
         args[i] = under;
-      else if (a.rank <= c.rank && a.ones == (1u << a.rank) - 1)  // one element: broadcasts to c's shape
+      else if ((a.rank <= c.rank && a.ones == (1u << a.rank) - 1) || trailing)  // one element, or along the rows
         args[i] = ids[i];
       else
         return -1;
@@ -365,24 +392,32 @@ class Tracer {
     return add(std::move(reshape), {kept_op});
   }
 
-  // A reduction over every element of a reshape of a computed value reduces the value itself,
-  // its result reshaped after: `mean(reshape(x * 2, [n]))` is one kernel, where the reshape's view
-  // had `x * 2` stored first and read back. Exact: the same elements (in another order). Not for a
-  // reduction over some axes, which would depend on how the reshape groups the dims.
+  // A reduction over a reshape of a computed value reduces the value itself, its result reshaped
+  // after, where it reduces every element or trailing dims the reshape keeps: `mean(reshape(x * 2,
+  // [n]))` and `softmax(reshape(y, [b * t, v]), -1)` are one kernel each, where the reshape's view
+  // had the value stored first and read back. Exact: the same elements (the whole reduction in
+  // another order). Not for other axes, which would depend on how the reshape groups the dims.
   // NOTE: the reshape after it reuses the view's attributes (a reshape's target is its node's
   // shape; the attributes' sizes only tell nodes apart).
   int reduce_under_reshape(const Node& n, std::span<const int32_t> ids) {
-    if (prim_info(n.op).kind != PrimKind::reduce || ids.size() != 1 || n.axes != (1u << n.rank) - 1) return -1;
+    if (prim_info(n.op).kind != PrimKind::reduce || ids.size() != 1) return -1;
     const Node v = g_.nodes[size_t(ids[0])];  // copies: add() may move the nodes
     if (v.op != Prim::view || v.view->kind != ViewKind::reshape) return -1;
     const int under = g_.arg(v, 0);
     const Node u = g_.nodes[size_t(under)];
     if (u.op == Prim::input || u.op == Prim::view) return -1;
-    Node whole = n;
-    whole.rank = u.rank, whole.axes = (1u << u.rank) - 1, whole.ones = whole.axes;
-    whole.shape.fill(1);
-    const int reduced = add(std::move(whole), {under});
-    if (u.rank == n.rank) return reduced;
+    const uint32_t all = (1u << n.rank) - 1;
+    int reduced_dims = 0;  // the reduced axes as trailing dims of the view: how many
+    while (reduced_dims < n.rank && (n.axes >> (n.rank - 1 - reduced_dims) & 1u)) ++reduced_dims;
+    if (n.axes != all && (n.axes != (all & ~((1u << (n.rank - reduced_dims)) - 1)) || reduced_dims > kept_suffix(u, v))) return -1;
+    Node part = n;
+    part.rank = u.rank, part.shape = u.shape;
+    const int from = n.axes == all ? 0 : u.rank - reduced_dims;
+    part.axes = ((1u << u.rank) - 1) & ~((1u << from) - 1);
+    part.ones = u.ones | part.axes;
+    for (int d = from; d < u.rank; ++d) part.shape[size_t(d)] = 1;
+    const int reduced = add(std::move(part), {under});
+    if (same_shape(g_.nodes[size_t(reduced)], n)) return reduced;
     Node back = v;
     back.dtype = n.dtype, back.rank = n.rank, back.shape = n.shape, back.ones = n.ones;
     return add(std::move(back), {reduced});
