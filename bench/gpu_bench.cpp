@@ -561,6 +561,7 @@ static std::string w4_step_bench() {
   w4::Sizes s{8192, 4096, 16384};
   auto p = w4::random_params<bf16>(s, 40, cuda(0));
   auto st = w4::step(p);
+  auto fused_step = [&] { auto o = evaluate_step(Mode::fused, st); };  // one timed run of the step
   auto out = evaluate_step(Mode::fused, st);
   // float64 reference: the same step in f64 on the device, from the same (bf16-rounded) values;
   // itself checked on a few rows of dx against plain float64 loops on the host.
@@ -578,16 +579,16 @@ static std::string w4_step_bench() {
     dx64.insert(dx64.end(), a.begin(), a.end()), dxbf.insert(dxbf.end(), b.begin(), b.end());
   }
   double e_host64 = w4::rel_err(dx64, host.dx), e_hostbf = w4::rel_err(dxbf, host.dx);
-  double fused = time_ms([&] { auto o = evaluate_step(Mode::fused, st); }, 10);
+  double fused = time_ms(fused_step, 10);
   double eager = time_ms([&] { auto o = evaluate_step(Mode::eager, st); }, 5);
   size_t kernels = std::apply([](const auto&... x) { return kernel_count(Mode::fused, x...); }, st);
   if (std::getenv("KILN_BENCH_GEMM_SWEEP")) {  // the step with every GEMM forced to each wgmma config
     const auto& props = cu::cuda_device().properties();
-    std::printf("W4 fused, the heuristic's GEMM configs         %8.3f ms\n", time_ms([&] { auto o = evaluate_step(Mode::fused, st); }, 10));
+    std::printf("W4 fused, the heuristic's GEMM configs         %8.3f ms\n", time_ms(fused_step, 10));
     for (const codegen::GemmConfig& cfg : codegen::gemm_candidates(DType::bf16, props.cc_major * 10 + props.cc_minor)) {
       if (cfg.kind != codegen::GemmKind::wgmma) continue;
       codegen::gemm_chooser() = [cfg](const codegen::GemmProblem& q) { return codegen::gemm_fits(cfg, q) ? std::optional(cfg) : std::nullopt; };
-      double ms = time_ms([&] { auto o = evaluate_step(Mode::fused, st); }, 10);
+      double ms = time_ms(fused_step, 10);
       std::printf("W4 fused, GEMMs forced to %-28s %8.3f ms\n", cfg.str().c_str(), ms);
       std::fflush(stdout);
     }
@@ -602,7 +603,7 @@ static std::string w4_step_bench() {
         codegen::gemm_chooser() = [&tweak, i](const codegen::GemmProblem& q) {
           return std::optional(tweaked_heuristic(q, [&](codegen::GemmConfig& c) { tweak(c, q, i); }));
         };
-        double loop = loop_ms([&] { auto o = evaluate_step(Mode::fused, st); }, 100), flushed = time_ms([&] { auto o = evaluate_step(Mode::fused, st); }, 10);
+        double loop = loop_ms(fused_step, 100), flushed = time_ms(fused_step, 10);
         std::printf("W4 fused, round %d, GEMMs %-28s back to back %8.3f ms, flushed %8.3f ms\n", r, labels[i].c_str(), loop, flushed);
         std::fflush(stdout);
       }
@@ -644,8 +645,8 @@ static std::string w4_step_bench() {
         set_epilogue_fusion(on);
         auto o = evaluate_step(Mode::fused, st);
         double err = w4::rel_err(std::get<2>(o), std::get<2>(ref));  // dW1: every kernel of the step is upstream of it
-        double loop = loop_ms([&] { auto o = evaluate_step(Mode::fused, st); }, 100), flushed = time_ms([&] { auto o = evaluate_step(Mode::fused, st); }, 10);
-        double anchor = anchor_ms([&] { auto o = evaluate_step(Mode::fused, st); });
+        double loop = loop_ms(fused_step, 100), flushed = time_ms(fused_step, 10);
+        double anchor = anchor_ms(fused_step);
         size_t k = std::apply([](const auto&... x) { return kernel_count(Mode::fused, x...); }, st);
         std::printf("W4 fused, round %d, epilogues %-8s (%2zu kernels) back to back %8.3f ms, flushed %8.3f ms, as torch_anchor.py times %8.3f ms; dW1 rel. err %.1e\n",
                     r, on ? "fused" : "apart", k, loop, flushed, anchor, err);
@@ -668,8 +669,8 @@ static std::string w4_step_bench() {
         auto o = evaluate_step(Mode::fused, st);
         const uint64_t beside = counters().kernels_overlapped - c.kernels_overlapped;
         const bool same = std::get<2>(o).to_vector() == std::get<2>(out).to_vector();  // dW1: downstream of every kernel
-        double loop = loop_ms([&] { auto o = evaluate_step(Mode::fused, st); }, 100), flushed = time_ms([&] { auto o = evaluate_step(Mode::fused, st); }, 10);
-        double anchor = anchor_ms([&] { auto o = evaluate_step(Mode::fused, st); });
+        double loop = loop_ms(fused_step, 100), flushed = time_ms(fused_step, 10);
+        double anchor = anchor_ms(fused_step);
         double graph = loop_ms([&] { auto o = evaluate_step(Mode::reduce_overhead, st); }, 100);
         std::printf("W4 fused, round %d, kernel overlap %-3s (%llu kernels beside) back to back %8.3f ms, flushed %8.3f ms, as torch_anchor.py times %8.3f ms; "
                     "reduce-overhead back to back %8.3f ms; dW1 %s\n",
@@ -686,8 +687,8 @@ static std::string w4_step_bench() {
         auto o = evaluate_step(Mode::fused, st);
         const uint64_t launched = counters().kernels_launched - c.kernels_launched;
         const bool same = std::get<3>(o).to_vector() == std::get<3>(out).to_vector() && std::get<5>(o).to_vector() == std::get<5>(out).to_vector();
-        double loop = loop_ms([&] { auto o = evaluate_step(Mode::fused, st); }, 100), flushed = time_ms([&] { auto o = evaluate_step(Mode::fused, st); }, 10);
-        double anchor = anchor_ms([&] { auto o = evaluate_step(Mode::fused, st); });
+        double loop = loop_ms(fused_step, 100), flushed = time_ms(fused_step, 10);
+        double anchor = anchor_ms(fused_step);
         std::printf("W4 fused, round %d, column sums in the GEMMs %-3s (%llu kernels) back to back %8.3f ms, flushed %8.3f ms, as torch_anchor.py times "
                     "%8.3f ms; db1 and db2 %s the first run's\n",
                     r, on ? "on" : "off", (unsigned long long)launched, loop, flushed, anchor, same ? "bit for bit" : "not bit for bit");
@@ -715,7 +716,7 @@ static std::string w4_step_bench() {
   std::vector<double> fused_r{fused}, tuned_r, beside;
   for (int r = 0; r < 3; ++r) {
     tuned_r.push_back(time_ms([&] { auto o = evaluate_step(Mode::max_autotune, st); }, 5));
-    beside.push_back(time_ms([&] { auto o = evaluate_step(Mode::fused, st); }, 5));
+    beside.push_back(time_ms(fused_step, 5));
     if (r < 2) fused_r.push_back(beside.back());
   }
   double tuned = median(tuned_r);
@@ -724,8 +725,8 @@ static std::string w4_step_bench() {
   // of its three rounds, and the smallest round is reported beside it for a like-for-like ratio.
   double fused_min = *std::min_element(fused_r.begin(), fused_r.end());
   fused = median(fused_r);
-  double fused_loop = loop_ms([&] { auto o = evaluate_step(Mode::fused, st); }, 15);
-  double fused_anchor = anchor_ms([&] { auto o = evaluate_step(Mode::fused, st); });
+  double fused_loop = loop_ms(fused_step, 15);
+  double fused_anchor = anchor_ms(fused_step);
   if (saved_dir) ::setenv("KILN_CACHE_DIR", saved.c_str(), 1);
   else ::unsetenv("KILN_CACHE_DIR");
   std::printf("W4 max-autotune            %8.3f ms  %6.1f TFLOP/s (fused's rounds beside it %.3f ms: %.3fx); cold first call %.1f s "
