@@ -90,6 +90,29 @@ TEST_CASE("grad: unary rows against finite differences") {
   }, a, p, w);
 }
 
+// erf's rule computes e^(-x^2) as exp2(x^2 * -log2 e) (autograd/rules.hpp): in f32 the scaled
+// square is rounded once more than -(x^2) is, which costs about x^2 2^-23 of the result
+// relatively; the bound below is twice that plus a few ulps, far tails included (x to 6:
+// e^-36, still a normal f32), against the float64 derivative of the same f32 inputs.
+TEST_CASE("grad: erf's derivative in f32 against float64 out to its tails") {
+  KILN_TEST_RNG(rng);
+  for (Layout l : {Layout::contiguous, Layout::transposed}) {
+    auto x = input<f32, 2>(rng, {7, 33}, l, Values{-6, 6});
+    auto w = input<f32, 2>(rng, {7, 33}, Layout::contiguous, Values{0.5, 2});
+    auto [gx] = kiln::grad(sum(erf(x.t) * w.t), x.t);
+    Array got = read(Tensor<f32, 2>(kiln::eval(gx)));
+    int bad = 0;
+    for (int64_t i = 0; i < x.a.numel(); ++i) {
+      double v = x.a.v[size_t(i)], want = 2 / std::sqrt(std::numbers::pi) * std::exp(-v * v) * w.a.v[size_t(i)];
+      double bound = (v * v * 2.4e-7 + 6e-7) * want;
+      if (!(std::fabs(got.v[size_t(i)] - want) <= bound) && bad++ < 3)
+        FAIL_CHECK(std::string(kiln::test::name(l)) << ": d erf(x) / dx at x = " << fmt(v) << ": kiln " << fmt(got.v[size_t(i)] / w.a.v[size_t(i)])
+                           << ", float64 " << fmt(want / w.a.v[size_t(i)]) << " (seed " << current_seed() << ")");
+    }
+    CHECK(bad == 0);
+  }
+}
+
 TEST_CASE("grad: binary rows with broadcasting and host scalars") {
   KILN_TEST_RNG(rng);
   auto a = rnd<2>(rng, {3, 4}, Layout::strided);
