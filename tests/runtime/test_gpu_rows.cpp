@@ -554,13 +554,8 @@ std::vector<std::string> strategy_programs(int warp) {
     CHECK(v[0].exact);
     CHECK(src.find("kiln_bf16_at(L") != std::string::npos);  // bf16 from 32-bit words: a shift or a mask each
     // x loaded once into registers (L2 evict_last), weight and bias only where the store pass reads them
-    auto count = [&](const std::string& what) {
-      size_t n = 0;
-      for (size_t p = src.find(what); p != std::string::npos; p = src.find(what, p + 1)) ++n;
-      return n;
-    };
-    CHECK(count("kiln_load_vec_keep<") == 1);
-    CHECK(count("kiln_load_vec<") == 2);
+    CHECK(occurrences(src, "kiln_load_vec_keep<") == 1);
+    CHECK(occurrences(src, "kiln_load_vec<") == 2);
     CHECK(!v[0].stream);
     // the outputs kept as floats and converted to bf16 two at a time as they are stored
     CHECK(src.find("kiln_store_vec_from_f32<8, true, false>(q") != std::string::npos);
