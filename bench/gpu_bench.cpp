@@ -15,7 +15,9 @@
 // KILN_BENCH_GEMM_SWEEP=1 also times bf16 8192^3 and the W4 step with each GEMM config forced;
 // KILN_BENCH_ONLY=small (or prologue, tf32) those rows alone, KILN_BENCH_GEMM_SMALL_SWEEP=1 each SIMT config forced.
 // KILN_BENCH_ONLY=energy: W4's GEMMs and step back to back, energy per call from NVML (torch_w4_gemms.py --energy).
+// KILN_BENCH_ONLY=epilogue: x @ W1 alone, with a bias, two outputs, gelu, gelu and gelu', back to back.
 // KILN_BENCH_SPLIT_AB=1 (with KILN_BENCH_ONLY=w4): the W4 step with the split epilogue forced on its GEMMs with long epilogues.
+// KILN_BENCH_HEAVY_AB=1 (with KILN_BENCH_ONLY=w4): the W4 step with x @ W1 (gelu, gelu') in 4-stage configs beside the heuristic's.
 // KILN_BENCH_OVERLAP_AB=1 (with KILN_BENCH_ONLY=w4): the W4 step with kernel overlap off and on, alternated.
 // KILN_BENCH_KEEP_AB=1: the rows with kept rows loaded L2 evict_last off and on (gpu_loads_keep), alternated.
 // KILN_BENCH_COLSUM_AB=1 (with KILN_BENCH_ONLY=w4): the W4 step with db1 and db2 summed by rows
@@ -402,6 +404,44 @@ static void f32_gemm_benches() {
   tf32_gemm_benches();
 }
 
+// KILN_BENCH_ONLY=epilogue: W4's forward GEMM x @ W1 with its epilogue taken apart, each form
+// 100 calls back to back (where the power limit holds the clock, as in the step), three rounds
+// alternated: the plain GEMM, the bias, a second output (bytes, no math), gelu, gelu and gelu'.
+// First each with the heuristic's config, then all with the split epilogue.
+static void epilogue_cost_bench() {
+  auto rnd = [](int64_t r, int64_t c, uint64_t seed, float scale) { return Tensor<bf16, 2>(cast<bf16>(randn<f32>(Shape<2>{r, c}, seed) * scale)); };
+  Tensor<bf16, 2> x = rnd(8192, 4096, 23, 1), W1 = rnd(4096, 16384, 24, 1 / 64.f);  // as bench/w4.hpp: u ~ N(0, 1)
+  Tensor<bf16, 1> b1 = cast<bf16>(randn<f32>(Shape<1>{16384}, 30) * 0.02f);
+  auto u = [&] { return matmul(x, W1) + b1; };
+  // gelu'(u) as W4's backward has it: erf's argument the node gelu's decomposition made (its
+  // constant the same double), so the two share one erf, as in the step
+  auto gelu_d = [](const auto& p) {
+    auto v = p * (1 / std::numbers::sqrt2);
+    return 0.5 * (1 + erf(v)) + p * exp2(v * v * -std::numbers::log2e) * (std::numbers::inv_sqrtpi / std::numbers::sqrt2);
+  };
+  std::vector<std::pair<std::string, std::function<void()>>> forms = {
+      {"x@W1", [&] { Tensor<bf16, 2> o = matmul(x, W1); }},
+      {"x@W1 + b1", [&] { Tensor<bf16, 2> o = u(); }},
+      {"x@W1 + b1 and twice it (two outputs)", [&] { auto o = kiln::eval(u(), u() * 2.0f); }},
+      {"gelu(x@W1 + b1)", [&] { Tensor<bf16, 2> o = gelu(u()); }},
+      {"gelu and gelu' (W4's forward)", [&] { auto o = kiln::eval(gelu(u()), gelu_d(u())); }}};
+  const auto& props = cu::cuda_device().properties();
+  for (bool split : {false, true}) {
+    for (const codegen::GemmConfig& c : codegen::gemm_candidates(DType::bf16, props.cc_major * 10 + props.cc_minor))
+      if (split && c.split_epilogue && c.bn == 256)
+        codegen::gemm_chooser() = [c](const codegen::GemmProblem& q) { return std::optional(codegen::gemm_clustered(c, q)); };
+    std::vector<std::vector<double>> ms(forms.size());
+    for (int r = 0; r < 3; ++r)
+      for (size_t i = 0; i < forms.size(); ++i) ms[i].push_back(loop_ms(forms[i].second, 100));
+    for (size_t i = 0; i < forms.size(); ++i)
+      std::printf("W4 epilogue cost, %-9s %-40s back to back %8.3f ms (rounds %.3f %.3f %.3f)  %+.3f ms over x@W1\n",
+                  split ? "split" : "heuristic", forms[i].first.c_str(), median(ms[i]), ms[i][0], ms[i][1], ms[i][2],
+                  median(ms[i]) - median(ms[0]));
+    std::fflush(stdout);
+    codegen::gemm_chooser() = nullptr;
+  }
+}
+
 static void gemm_benches() {
   auto rnd = [](int64_t r, int64_t c, uint64_t seed) { return Tensor<bf16, 2>(cast<bf16>(randn<f32>(Shape<2>{r, c}, seed))); };
   {
@@ -639,6 +679,17 @@ static std::string w4_step_bench() {
                 }
             });
   }
+  if (std::getenv("KILN_BENCH_HEAVY_AB")) {  // x @ W1's gelu/gelu' epilogue: the heuristic's split one (128x256, 3 stages), or 4 stages
+    compare({"as the heuristic", "x @ W1 as 128x256 s4_p_c2", "x @ W1 as 128x192 s4_pe"},
+            [](codegen::GemmConfig& c, const codegen::GemmProblem& q, size_t i) {
+              if (i == 0 || !q.heavy_epilogue) return;
+              for (const codegen::GemmConfig& e : codegen::gemm_candidates(q.dtype, q.arch))
+                if (e.persistent && !e.stream_k && e.stages == 4 && e.bm == 128 && e.bn == (i == 1 ? 256 : 192) && e.split_epilogue == (i == 2)) {
+                  c = codegen::gemm_clustered(e, q);
+                  return;
+                }
+            });
+  }
   if (std::getenv("KILN_BENCH_EPILOGUE_AB")) {  // the step with its GEMMs' epilogues fused, and as kernels of their own
     for (int r = 0; r < 3; ++r)
       for (bool on : {true, false}) {
@@ -841,6 +892,7 @@ int main(int argc, char** argv) {
   if (!all && std::string(only) == "small") small_gemm_benches();    // KILN_BENCH_ONLY=small: f32 GEMMs of few tiles
   if (!all && std::string(only) == "tf32") tf32_gemm_benches();     // KILN_BENCH_ONLY=tf32: the TF32 rows alone
   if (!all && std::string(only) == "energy") gemm_energy_bench();   // KILN_BENCH_ONLY=energy: W4's GEMMs, energy per call
+  if (!all && std::string(only) == "epilogue") epilogue_cost_bench();  // KILN_BENCH_ONLY=epilogue: x @ W1's epilogue taken apart
   // KILN_BENCH_ONLY=w4: the W4 training step alone.
   std::string w4_only = !all && std::string(only) == "w4" ? w4_step_bench() : "";
   // KILN_BENCH_ONLY=rows: the copy ceiling and the memory-bound rows (W1, W2, W3, W8, split rows, the W4
