@@ -17,6 +17,12 @@ template <Expr A> auto relu(const A& x) { return maximum(x, 0); }
 template <Expr A> auto sigmoid(const A& x) { return 1 / (1 + exp(-x)); }
 template <Expr A> auto silu(const A& x) { return x * sigmoid(x); }
 // Exact GELU: x/2 (1 + erf(x/sqrt 2)).
+// NOTE: as x Phi(x), Phi a primitive computed from the Gaussian e^(-x^2/2) that gelu's derivative
+// reads too (one exponential for both, no 1 + erf cancellation below 0), W4's forward GEMM ran
+// 4% slower on an H200 (1.890 -> 1.968 ms a call) and the step about 1%: CUDA's erff is one
+// polynomial of degree 6 (coefficients picked by |x|) and an ex2 past |x| = 1, Phi's form a
+// reciprocal and a polynomial of degree 9 (branch gelu-ndtr-shared; docs/benchmarks.md,
+// thirty-fourth session).
 template <Expr A> auto gelu(const A& x) { return 0.5 * x * (1 + erf(x * (1 / std::numbers::sqrt2))); }
 // GELU, tanh approximation (PyTorch approximate="tanh").
 template <Expr A> auto gelu_tanh(const A& x) {
