@@ -409,10 +409,9 @@ static void f32_gemm_benches() {
 // alternated: the plain GEMM, the bias, a second output (bytes, no math), gelu, gelu and gelu'.
 // First each with the heuristic's config, then all with the split epilogue.
 static void epilogue_cost_bench() {
-  auto rnd = [](int64_t r, int64_t c, uint64_t seed, float scale) { return Tensor<bf16, 2>(cast<bf16>(randn<f32>(Shape<2>{r, c}, seed) * scale)); };
-  Tensor<bf16, 2> x = rnd(8192, 4096, 23, 1), W1 = rnd(4096, 16384, 24, 1 / 64.f);  // as bench/w4.hpp: u ~ N(0, 1)
-  Tensor<bf16, 1> b1 = cast<bf16>(randn<f32>(Shape<1>{16384}, 30) * 0.02f);
-  auto u = [&] { return matmul(x, W1) + b1; };
+  const auto params = w4::random_params<bf16>(w4::Sizes{8192, 4096, 16384}, 40, cuda(0));  // W4's own: u ~ N(0, 1)
+  const Tensor<bf16, 2>&x = params.x, &W1 = params.W1;
+  auto u = [&] { return matmul(x, W1) + params.b1; };
   // gelu'(u) as W4's backward has it: erf's argument the node gelu's decomposition made (its
   // constant the same double), so the two share one erf, as in the step
   auto gelu_d = [](const auto& p) {
@@ -428,8 +427,10 @@ static void epilogue_cost_bench() {
   const auto& props = cu::cuda_device().properties();
   for (bool split : {false, true}) {
     for (const codegen::GemmConfig& c : codegen::gemm_candidates(DType::bf16, props.cc_major * 10 + props.cc_minor))
-      if (split && c.split_epilogue && c.bn == 256)
+      if (split && c.split_epilogue && c.bn == 256) {
         codegen::gemm_chooser() = [c](const codegen::GemmProblem& q) { return std::optional(codegen::gemm_clustered(c, q)); };
+        break;
+      }
     std::vector<std::vector<double>> ms(forms.size());
     for (int r = 0; r < 3; ++r)
       for (size_t i = 0; i < forms.size(); ++i) ms[i].push_back(loop_ms(forms[i].second, 100));
