@@ -22,6 +22,8 @@
 // KILN_BENCH_KEEP_AB=1: the rows with kept rows loaded L2 evict_last off and on (gpu_loads_keep), alternated.
 // KILN_BENCH_COLSUM_AB=1 (with KILN_BENCH_ONLY=w4): the W4 step with db1 and db2 summed by rows
 // kernels and by the GEMMs that store dh and dy (kiln::gemm_column_sums, off by default), alternated.
+// KILN_BENCH_OPSUM_AB=1 (with KILN_BENCH_ONLY=w4): the W4 step with db1 and db2 summed by rows kernels
+// and by the dW GEMMs from their B operands (kiln::gemm_operand_sums, on by default), alternated.
 #include <kiln/kiln.hpp>
 #include <kiln/runtime/cuda_backend.hpp>
 
@@ -747,6 +749,23 @@ static std::string w4_step_bench() {
         std::fflush(stdout);
       }
     set_gemm_column_sums(false);
+  }
+  if (std::getenv("KILN_BENCH_OPSUM_AB")) {  // db1 and db2 by rows kernels, and by the dW GEMMs from their B operands
+    for (int r = 0; r < 3; ++r)
+      for (bool on : {false, true}) {
+        set_gemm_operand_sums(on);
+        Counters c = counters();
+        auto o = evaluate_step(Mode::fused, st);
+        const uint64_t launched = counters().kernels_launched - c.kernels_launched;
+        const double e1 = w4::rel_err(std::get<3>(o), std::get<3>(ref)), e2 = w4::rel_err(std::get<5>(o), std::get<5>(ref));
+        double loop = loop_ms(fused_step, 100), flushed = time_ms(fused_step, 10);
+        double anchor = anchor_ms(fused_step);
+        std::printf("W4 fused, round %d, B's column sums in the dW GEMMs %-3s (%llu kernels) back to back %8.3f ms, flushed %8.3f ms, as "
+                    "torch_anchor.py times %8.3f ms; db1 rel. err %.1e, db2 %.1e\n",
+                    r, on ? "on" : "off", (unsigned long long)launched, loop, flushed, anchor, e1, e2);
+        std::fflush(stdout);
+      }
+    set_gemm_operand_sums(true);
   }
   double worst = std::max({e_loss, e[0], e[1], e[2], e[3], e[4]});
   // max-autotune from cold: a fresh cache directory (no tuning database, no compiled candidate

@@ -756,6 +756,86 @@ TEST_CASE("a sum over the rows of a matrix a Hopper GEMM stores (a bias's gradie
   CHECK(off.matmuls()[0].colsum_slot == -1);
 }
 
+TEST_CASE("a sum over the rows of a Hopper GEMM's B operand (a bias's gradient beside its weight's) is computed by that GEMM; it compiles") {
+  if (!jit::nvrtc_available()) {
+    MESSAGE("NVRTC not found: skipped");
+    return;
+  }
+  auto e = [](int64_t r, int64_t c) { return Tensor<bf16, 2>::empty(Shape<2>{r, c}, cpu()); };
+  auto x = e(2048, 1024), dy = e(2048, 4096);
+  auto rows_skipped = [](const GpuProgram& p) {
+    for (size_t k = 0; k < p.kinds.size(); ++k)
+      if (p.kinds[k] == sched::KernelKind::rows) return p.vars[k].skip;
+    FAIL("no rows kernel");
+    return false;
+  };
+  {  // the heuristic's config: dW = x.transpose(0, 1) @ dy sums dy's columns, db's rows kernel not launched
+    GpuProgram p = cuda_program(90, matmul(x.transpose(0, 1), dy), kiln::sum(dy, 0));
+    REQUIRE(p.kinds.size() == 2);
+    REQUIRE(p.matmuls().size() == 1);
+    const codegen::GpuVariant v = p.matmuls()[0];
+    CHECK(v.gemm.kind == GemmKind::wgmma);
+    CHECK(v.colsum_slot == 1);
+    CHECK(v.colsum_of_b);
+    CHECK(v.colsum_dtype == DType::bf16);
+    CHECK(!v.workspace());  // the sums need none: the first tile row's blocks hold whole columns
+    CHECK(rows_skipped(p));
+    CHECK(p.src.find("kiln_colsum_add<0>(b + r * 128") != std::string::npos);
+    CHECK(p.src.find("kiln_colsum_tile<0, BM, BN>(") == std::string::npos);
+    // The sum first in the plan: the same.
+    GpuProgram q = cuda_program(90, kiln::sum(dy, 0), matmul(x.transpose(0, 1), dy));
+    CHECK(rows_skipped(q));
+    CHECK(q.matmuls()[0].colsum_of_b);
+  }
+  // Each wgmma config forced: a tile a block, persistent, in clusters of two; not the split
+  // epilogue (its warps are the epilogue's), not stream-K (a tile's K in several blocks).
+  std::vector<GemmConfig> configs;
+  for (const GemmConfig& c : codegen::gemm_candidates(DType::bf16, 90))
+    if (c.kind == GemmKind::wgmma) configs.push_back(c);
+  for (const GemmConfig& c : std::vector(configs))
+    if (c.persistent && c.bn % 128 == 0) {
+      configs.push_back(c), configs.back().cluster = 2;
+      configs.push_back(c), configs.back().stream_k = true;
+    }
+  for (const GemmConfig& c : configs) {
+    CAPTURE(c.str());
+    GemmHook force(c);
+    GpuProgram p = cuda_program(90, matmul(x.transpose(0, 1), dy), kiln::sum(dy, 0));
+    REQUIRE(p.matmuls().size() == 1);
+    CHECK(p.matmuls()[0].gemm == c);
+    const bool sums = !c.split_epilogue && !c.stream_k;
+    CHECK(p.matmuls()[0].colsum_of_b == sums);
+    CHECK(rows_skipped(p) == sums);
+    if (sums) CHECK(jit::cubin_sm(jit::nvrtc_compile(p.src, "kiln_gemm_bsum", 9, 0, codegen::gpu_compile_options(p.vars))) == 90);
+  }
+  {  // f16: format 1
+    auto xh = Tensor<f16, 2>::empty(Shape<2>{2048, 1024}, cpu()), dyh = Tensor<f16, 2>::empty(Shape<2>{2048, 4096}, cpu());
+    GpuProgram p = cuda_program(90, matmul(xh.transpose(0, 1), dyh), kiln::sum(dyh, 0));
+    CHECK(rows_skipped(p));
+    CHECK(p.src.find("kiln_colsum_add<1>(b + r * 128") != std::string::npos);
+    CHECK(jit::cubin_sm(jit::nvrtc_compile(p.src, "kiln_gemm_bsum", 9, 0, codegen::gpu_compile_options(p.vars))) == 90);
+  }
+  // Not for B read K-major (a transposed dy), nor for sums along the other dim, nor in TF32
+  // (B staged K-major), nor on sm_80 (no wgmma), nor with the switch off: the rows kernel runs.
+  auto dyt = e(4096, 2048).transpose(0, 1);
+  CHECK(!rows_skipped(cuda_program(90, matmul(x.transpose(0, 1), dyt), kiln::sum(dyt, 0))));
+  CHECK(!rows_skipped(cuda_program(90, matmul(x.transpose(0, 1), dy), kiln::sum(dy, 1))));
+  CHECK(!rows_skipped(cuda_program(80, matmul(x.transpose(0, 1), dy), kiln::sum(dy, 0))));
+  {
+    auto xf = Tensor<f32, 2>::empty(Shape<2>{2048, 1024}, cpu()), dyf = Tensor<f32, 2>::empty(Shape<2>{2048, 4096}, cpu());
+    set_allow_tf32(true);
+    GpuProgram q = cuda_program(90, matmul(xf.transpose(0, 1), dyf), kiln::sum(dyf, 0));
+    set_allow_tf32(false);
+    CHECK(q.matmuls()[0].gemm.kind == GemmKind::wgmma);
+    CHECK(!rows_skipped(q));
+  }
+  set_gemm_operand_sums(false);
+  GpuProgram off = cuda_program(90, matmul(x.transpose(0, 1), dy), kiln::sum(dy, 0));
+  set_gemm_operand_sums(true);  // (kiln's default)
+  CHECK(!rows_skipped(off));
+  CHECK(off.matmuls()[0].colsum_slot == -1);
+}
+
 }  // TEST_SUITE("nvrtc")
 
 TEST_SUITE("hiprtc") {
@@ -1296,6 +1376,54 @@ TEST_CASE_TEMPLATE("GPU GEMM: a sum over the rows of the matrix it stores (a bia
       // The same sums bit for bit on every run (the tiles' partial sums are added in one order).
       Tensor<DT, 1> again = kiln::sum(mm, 0);
       CHECK(read(again).v == read(got_ms).v);
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("GPU GEMM: a sum over the rows of its B operand (a bias's gradient beside its weight's) in the Hopper kernel, each config, "
+                   "against float64", DT, bf16, f16) {
+  if (kiln::default_device() == kiln::cpu() || cuda_arch() != 90) return;
+  KILN_TEST_RNG(rng);
+  // A tile a block (128 x 128), persistent 128 x 256 in 4 and 3 stages, and in clusters of two (W4's).
+  std::vector<GemmConfig> configs;
+  for (const GemmConfig& c : codegen::gemm_candidates(DT::id, 90))
+    if (c.kind == GemmKind::wgmma && !c.split_epilogue && ((c.bn == 128 && !c.persistent) || (c.bn == 256 && c.persistent)))
+      configs.push_back(c);
+  REQUIRE(configs.size() == 3);
+  configs.push_back(configs[0].persistent ? configs[0] : configs[1]), configs.back().cluster = 2;
+  // dW = a @ dy with a = x.t() (M-major, as a weight's gradient reads x) and db = sum(dy, 0):
+  // odd M (in clusters of two, a lower tile wholly past M), N no multiple of the tile, K of a
+  // partial last step and long enough to wrap the ring of stages, one tile.
+  struct Case {
+    int64_t M, N, K;
+  };
+  for (const Case& cs : {Case{1096, 1160, 136}, Case{264, 520, 1000}, Case{40, 40, 64}}) {
+    const int64_t M = cs.M, N = cs.N, K = cs.K;
+    CAPTURE(M);
+    CAPTURE(N);
+    CAPTURE(K);
+    Values v{-2, 2};
+    auto a = input<DT, 2>(rng, {M, K}, Layout::transposed, v), dy = input<DT, 2>(rng, {K, N}, Layout::contiguous, v);
+    Array scale;
+    Array want_w = ref::matmul(a.a, dy.a, &scale);
+    Array want_b = ref::sum(dy.a, {0}), bound_b = ref::sum(ref::map(dy.a, [](double t) { return std::fabs(t); }), {0});
+    for (const GemmConfig& c : configs) {
+      CAPTURE(c.str());
+      GemmHook hook(c);
+      Counters before = counters();
+      auto [got_w, got_b] = kiln::eval(kiln::matmul(a.t, dy.t), kiln::sum(dy.t, 0));
+      REQUIRE(!hook.seen.empty());
+      const GemmProblem seen = hook.seen.at(0);  // NOTE: a copy: gemm_choose adds to hook.seen
+      if (codegen::gemm_choose(seen) == c) CHECK(counters().kernels_launched - before.kernels_launched == 1);
+      check_close(got_w, want_w, tol<DT>().scaled(2), "x.t() @ dy", &scale);
+      check_close(got_b, want_b, tol<DT>().scaled(2), "sum(dy, 0)", &bound_b);
+      // The same sums bit for bit on every run; the sum asked for first, the same (its rows
+      // kernel first in the plan, still computed by the GEMM).
+      before = counters();
+      auto [again_b, again_w] = kiln::eval(kiln::sum(dy.t, 0), kiln::matmul(a.t, dy.t));
+      if (codegen::gemm_choose(seen) == c) CHECK(counters().kernels_launched - before.kernels_launched == 1);
+      CHECK(read(again_b).v == read(got_b).v);
+      CHECK(read(again_w).v == read(got_w).v);
     }
   }
 }

@@ -673,12 +673,15 @@ void check_ordered(const Dispatch& d, const FakeGpuDevice& dev) {
     CAPTURE(i);
     CAPTURE(k);
     // Its dependencies' launches; through a kernel not launched (a prologue or a rows kernel
-    // that a GEMM computes), that kernel's own.
+    // that a GEMM computes), that kernel's own, and the GEMM's that computes it.
     std::vector<int> deps = kernels[k].deps;
     while (!deps.empty()) {
       const int dep = deps.back();
       deps.pop_back();
       if (launches_of[size_t(dep)].empty()) deps.insert(deps.end(), kernels[size_t(dep)].deps.begin(), kernels[size_t(dep)].deps.end());
+      for (size_t g = 0; g < d.vars.size(); ++g)
+        if (d.vars[g].colsum_kernel == dep)
+          for (size_t j : launches_of[g]) CHECK(ran_before(j));
       for (size_t j : launches_of[size_t(dep)]) CHECK(ran_before(j));
     }
     if (!staging && d.vars[k].stage) CHECK(ran_before(i - 1));  // the GEMM after its staging kernel
@@ -700,12 +703,14 @@ TEST_CASE("GPU dispatch: with column sums in the GEMMs (kiln::gemm_column_sums) 
   auto yf = cast<f32>(matmul(gelu(matmul(x, W1) + b1), W2) + b2);
   auto loss = mean(yf * yf);
   auto [gx, gW1, gb1, gW2, gb2] = kiln::grad(loss, x, W1, b1, W2, b2);
+  set_gemm_operand_sums(false);  // (on by default: db1 and db2 from the dW GEMMs' B operands, below)
   Dispatch off = dispatch(backend, 0, loss, gx, gW1, gb1, gW2, gb2);
   check_ordered(off, dev);
   set_gemm_column_sums(true);
   Dispatch on = dispatch(backend, 0, loss, gx, gW1, gb1, gW2, gb2);  // a repeat call: the switch is among its inputs
   check_ordered(on, dev);
   set_gemm_column_sums(false);
+  set_gemm_operand_sums(true);
   CHECK(on.launches.size() + 2 == off.launches.size());
   int sums = 0, skipped = 0;
   const auto& kernels = on.plan->plan.kernels;
@@ -723,6 +728,49 @@ TEST_CASE("GPU dispatch: with column sums in the GEMMs (kiln::gemm_column_sums) 
   CHECK(skipped == 2);
   // Their workspace is the kernel's own: a GEMM that sums still runs beside other kernels.
   CHECK(std::count_if(dev.launched.begin(), dev.launched.end(), [](const auto& l) { return l.stream == 1; }) >= 2);
+}
+
+TEST_CASE("GPU dispatch: with B's column sums in the GEMMs (kiln::gemm_operand_sums, the default) W4's step launches two kernels fewer; "
+          "what reads such a sum runs after that GEMM") {
+  KILN_TEST_RNG(rng);
+  FakeGpuBackend backend;
+  FakeGpuDevice& dev = FakeGpuApi::device(0);  // an sm_90: wgmma GEMMs
+  const int64_t M = 2048, K = 2048, H = 4096;
+  auto x = host<bf16>(rng, Shape<2>{M, K}), W1 = host<bf16>(rng, Shape<2>{K, H}), W2 = host<bf16>(rng, Shape<2>{H, K});
+  auto b1 = host<bf16>(rng, Shape<1>{H}), b2 = host<bf16>(rng, Shape<1>{K});
+  auto yf = cast<f32>(matmul(gelu(matmul(x, W1) + b1), W2) + b2);
+  auto loss = mean(yf * yf);
+  auto [gx, gW1, gb1, gW2, gb2] = kiln::grad(loss, x, W1, b1, W2, b2);
+  Dispatch on = dispatch(backend, 0, loss, gx, gW1, gb1, gW2, gb2);
+  check_ordered(on, dev);
+  set_gemm_operand_sums(false);
+  Dispatch off = dispatch(backend, 0, loss, gx, gW1, gb1, gW2, gb2);  // a repeat call: the switch is among its inputs
+  check_ordered(off, dev);
+  set_gemm_operand_sums(true);
+  CHECK(on.launches.size() + 2 == off.launches.size());
+  const auto& kernels = on.plan->plan.kernels;
+  int sums = 0;
+  for (size_t k = 0; k < kernels.size(); ++k)
+    if (const int r = on.vars[k].colsum_kernel; r >= 0) {
+      ++sums;
+      CHECK(on.vars[k].colsum_of_b);
+      CHECK(on.vars[k].colsum_slot == 1);
+      CHECK(!on.vars[k].workspace());
+      CHECK(on.vars[size_t(r)].skip);
+      CHECK(size_t(r) > k);  // the sum after its GEMM in the plan
+    }
+  CHECK(sums == 2);  // db1 and db2, by the GEMMs of dW1 = x.t() @ dh and dW2 = h.t() @ dy
+
+  // A large kernel that reads such a sum (z = q * db, [3000, N]: not the sum's own domain, so
+  // a kernel of its own) reads nothing the rows kernel depended on (dy is an input): with the
+  // rows kernel not launched it still waits for the GEMM that computes the sum.
+  auto xa = host<bf16>(rng, Shape<2>{M, 1024}), dy = host<bf16>(rng, Shape<2>{M, H}), q = host<bf16>(rng, Shape<2>{3000, H});
+  auto db = kiln::sum(dy, 0);
+  Dispatch d = dispatch(backend, 0, matmul(xa.transpose(0, 1), dy), q * db);
+  check_ordered(d, dev);
+  REQUIRE(d.launches.size() == 2);
+  CHECK(d.vars[d.launches[0].first].colsum_of_b);
+  CHECK(dev.launched[1].after.size() == 1);
 }
 
 TEST_CASE("GPU dispatch: a training step's large independent kernels overlap on two streams and in a graph, each after all it reads") {
@@ -788,7 +836,7 @@ TEST_CASE("GPU dispatch: a training step's large independent kernels overlap on 
   }
   // A launch that fails halfway: the error reaches the caller, and what the side stream had
   // queued still comes before anything the main stream runs next (the allocator's reuse).
-  for (size_t fail : {size_t(5), size_t(8)}) {
+  for (size_t fail : {size_t(5), d.launches.size() - 1}) {
     CAPTURE(fail);
     dev.clear_launched();
     dev.record = true;

@@ -40,6 +40,13 @@
 // every consumer warp of the cluster has given it back. The blocks meet (barrier.cluster)
 // after initialising their barriers and before they leave. A block whose tile lies wholly
 // past M reads A from row 0 and stores nothing.
+// B's column sums (GemmColumnSums::of_b; not split, not stream-K, B N-major): warps 1 and 2
+// of the producer warpgroup, idle otherwise, follow every K step as a third party of the
+// stage ring (they too give each stage back before the producer refills it); in the blocks
+// of the first tile row (m0 = 0), whose tiles read all of K for their columns, they add the
+// B stage's rows into f32 sums, a 16-byte chunk of a row (8 columns) and half the K step's
+// rows a thread, and at the tile's end store the totals: a bias's gradient beside its
+// weight's GEMM with no pass over the matrix of its own and no work for the consumers.
 // Split epilogue (GemmConfig::split_epilogue, persistent): the producer warpgroup's warps
 // 1-3 run the epilogue. The consumers write each tile's accumulators to a staging tile in
 // shared memory (16-bit: the matmul's own value; `stg_full`), go on to the next tile's
@@ -64,9 +71,11 @@ namespace kiln::codegen {
 
 // GpuVariant::colsum_slot in a kernel's terms: the stored matrix (an expression of its first
 // element, of its row stride), its format for kiln_colsum_tile (0 bf16, 1 f16, 2 f32; -1: no
-// column sums), and the statement that stores column `col`'s total `v`.
+// column sums), and the statement that stores column `col`'s total `v`. of_b
+// (GpuVariant::colsum_of_b): the matrix is B, summed over K from its stages (values unused).
 struct GemmColumnSums {
   int format = -1;
+  bool of_b = false;
   std::string values, row_stride;
   std::function<std::string(const std::string& col, const std::string& v)> store;
 };
@@ -81,6 +90,9 @@ class WgmmaWriter {
     auto S = [](int v) { return std::to_string(v); };
     const bool persistent = c_.persistent, split = c_.persistent && c_.split_epilogue, sk = c_.persistent && c_.stream_k;
     const int cl = c_.cluster;  // blocks of a cluster, sharing B's tile (gemm_fits: persistent, not stream-K)
+    const bool b_sums = sums_.format >= 0 && sums_.of_b;
+    if (b_sums && (split || sk || o_.b_k_major || sums_.format > 1))
+      throw Error("kiln: internal error: B's column sums in a " + c_.str() + " GEMM (a split epilogue, stream-K or B K-major)");
     // A unit's K steps: the whole tile's, or a stream-K run's part of it.
     const std::string KB = sk ? "kb" : "0", KE = sk ? "ke" : "KT";
     std::string s = w_.head(prelude);
@@ -100,7 +112,7 @@ class WgmmaWriter {
       s += "  constexpr int CL = " + S(cl) + ";\n  const int64_t kiln_tiles = ((Mr + BM * CL - 1) / (BM * CL)) * ((N + BN - 1) / BN);\n" +
            "  const uint32_t kiln_crank = kiln_cluster_rank();\n";
     if (sk) s += "  float* const sk_ws = (float*)args.ws[0];\n  unsigned* const sk_flags = (unsigned*)args.ws[1];\n";
-    if (sums_.format >= 0) {
+    if (sums_.format >= 0 && !b_sums) {
       if (sk) throw Error("kiln: internal error: column sums in a stream-K GEMM");
       s += "  float* const cs_part = (float*)args.ws[0];\n  unsigned* const cs_count = (unsigned*)args.ws[1];\n";
     }
@@ -109,8 +121,9 @@ class WgmmaWriter {
     s += "  if (threadIdx.x == 0) {\n";
     // Clustered: a stage is free once every consumer warp of the cluster is done with it (B's
     // shares went into every block's copy of it).
-    s += "    for (int s = 0; s < STAGES; ++s) { kiln_mbar_init(full0 + 8 * s, 1); kiln_mbar_init(empty0 + 8 * s, CONSUMERS * 4" +
-         (cl > 1 ? " * CL" : std::string()) + "); }\n";
+    // B's column sums: their two warps give each stage back too.
+    s += std::string("    for (int s = 0; s < STAGES; ++s) { kiln_mbar_init(full0 + 8 * s, 1); kiln_mbar_init(empty0 + 8 * s, (CONSUMERS * 4") +
+         (b_sums ? " + 2" : "") + ")" + (cl > 1 ? " * CL" : "") + "); }\n";
     if (split) s += "    kiln_mbar_init(stg_full, CONSUMERS * 128); kiln_mbar_init(stg_empty, EPI);\n";
     // Clustered: no copy lands in a block before its barriers are initialised.
     s += std::string("    kiln_mbar_init_fence();\n  }\n  ") + (cl > 1 ? "kiln_cluster_sync();\n" : "__syncthreads();\n");
@@ -152,6 +165,7 @@ class WgmmaWriter {
                         : "        for (int j = 0; j < BN / 64; ++j) kiln_tma_load_3d(b + j * 8192, &tma_b, (int)n0 + 64 * j, k0, zb, full);\n";
     s += "      }\n" + tiles_close("      ") + "    }\n";
     if (split) s += "    else if (threadIdx.x >= 128 - EPI) {\n" + split_epilogue(tiles_open, tiles_close) + "    }\n";
+    if (b_sums) s += "    else if (threadIdx.x >= 32 && threadIdx.x < 96) {\n" + b_column_sums(tiles_open, tiles_close) + "    }\n";
     s += std::string("  } else {\n") + (split ? "" : "    kiln_regs_inc<232>();\n");
     s += "    const int c = wg - 1, w = (threadIdx.x / 32) % 4;\n";
     // The shared-memory descriptors of stage 0, built once: a stage's and a K16 step's are these
@@ -212,7 +226,7 @@ class WgmmaWriter {
       s += "    const bool interior = m0 + BM <= Mr && n0 + BN <= N;\n";
       s += "    if (interior) {\n" + staged_stores(done) + "    } else {\n      " + done + stores(true) + "    }\n";
     }
-    if (!split) s += column_sums("(int)threadIdx.x - 128", "CONSUMERS * 128", "    ");
+    if (!split && !b_sums) s += column_sums("(int)threadIdx.x - 128", "CONSUMERS * 128", "    ");
     s += tiles_close("    ") + "  }\n";
     // Clustered: no block leaves while another may still arrive on its barriers or copy into it.
     return cl > 1 ? s + "  kiln_cluster_sync();\n" : s;
@@ -297,6 +311,31 @@ class WgmmaWriter {
     }
     s += "    if (m0 + BM <= Mr && n0 + BN <= N) {\n" + interior + "    } else {\n" + elements(true) + "    }\n";
     s += "    kiln_mbar_arrive(stg_empty);\n    ++tiles_done;\n" + column_sums("t", "EPI", "    ");
+    return s + tiles_close("    ");
+  }
+
+  // B's column sums (b_sums in body): threads 32-95, thread t the 16-byte chunk t / 2 of B's
+  // rows (columns 8 (t / 2) ..; past BN / 8 chunks: none) in rows 32 (t % 2) .. + 31 of each K
+  // step's 64. A warp's loads cover whole 128-byte swizzled rows of two boxes (no bank
+  // conflicts); the two halves meet by a shuffle, in one order on every run. Every block's
+  // two warps take each stage in turn and give it back (released to every block of a cluster,
+  // as the consumers do); only the first tile row's add.
+  template <class Open, class Close>
+  std::string b_column_sums(const Open& tiles_open, const Close& tiles_close) const {
+    const std::string F = std::to_string(sums_.format);
+    std::string s = "    const int t = threadIdx.x - 32, ch = t / 2, half = t % 2;\n    const bool mine = ch < BN / 8;\n";
+    s += "    const unsigned char* const rows0 = kiln_smem + (sB - kiln_smem_addr(kiln_smem)) + (ch / 8) * 8192 + half * 32 * 128;\n";
+    s += "    unsigned g = 0;\n" + tiles_open("    ");
+    s += "    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};\n    const bool adds = m0 == 0 && mine;\n";
+    s += "    for (int kt = 0; kt < KT; ++kt, ++g) {\n      const int s = g % STAGES;\n      kiln_mbar_wait(full0 + 8 * s, (g / STAGES) & 1);\n";
+    // Row r of a box: its 16-byte chunk j at (j ^ (r % 8)) * 16 (the 128-byte swizzle); rows 32 apart swizzle alike.
+    // NOTE: unrolled by 4: by 8, ptxas spilled within the producer warpgroup's 40 registers (sm_90a).
+    s += "      if (adds) {\n        const unsigned char* b = rows0 + s * B_STAGE;\n#pragma unroll 4\n";
+    s += "        for (int r = 0; r < 32; ++r) kiln_colsum_add<" + F + ">(b + r * 128 + (((ch % 8) ^ (r % 8)) * 16), acc);\n      }\n";
+    s += "      __syncwarp();\n      if (lane == 0) " + release("empty0 + 8 * s") + "\n    }\n";
+    s += "    if (m0 == 0) {\n#pragma unroll\n      for (int e = 0; e < 8; ++e) acc[e] += __shfl_xor_sync(0xffffffffu, acc[e], 1);\n";
+    s += "      if (mine && half == 0)\n#pragma unroll\n        for (int e = 0; e < 8; ++e)\n          if (n0 + ch * 8 + e < N) {\n";
+    s += "            const int64_t col = n0 + ch * 8 + e;\n            " + sums_.store("col", "acc[e]") + "\n          }\n    }\n";
     return s + tiles_close("    ");
   }
 

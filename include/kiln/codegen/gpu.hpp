@@ -100,18 +100,31 @@ struct GpuVariant {
   int colsum_slot = -1;
   DType colsum_dtype = DType::f32;
   int colsum_kernel = -1;  // the host's: the rows kernel whose output that is
+  // With colsum_slot: the matrix summed is the GEMM's B operand (slot 1), not one it stores, and
+  // its sum is over B's rows, the GEMM's K: the tiles of the first tile row sum B's columns from
+  // the stages already in shared memory (gemm_sm90.hpp; runtime's assign_column_sums). No workspace.
+  bool colsum_of_b = false;
   // The argument struct ends with workspace words: split rows' partials and counters, or a
   // stream-K GEMM's slots and flags (a tile of floats and a flag per block), or a split-K
   // GEMM's (a tile of sums per block, a counter per tile), or a GEMM's column sums (a row of
   // sums per tile row, a counter per column of tiles).
   bool workspace() const {
-    return split || (gemm.persistent && gemm.stream_k) || (gemm.kind == GemmKind::simt && gemm.split_k > 1) || colsum_slot >= 0;
+    return split || (gemm.persistent && gemm.stream_k) || (gemm.kind == GemmKind::simt && gemm.split_k > 1) ||
+           (colsum_slot >= 0 && !colsum_of_b);
   }
 };
 
 // Whether a GEMM of config c can sum a matrix's columns as it stores it (GpuVariant::colsum_slot):
 // the wgmma kind, not stream-K (whose workspace is the tiles' hand-over).
 inline bool gemm_sums_columns(const GemmConfig& c) { return c.kind == GemmKind::wgmma && !(c.persistent && c.stream_k); }
+// Whether a GEMM of config c over operands o in dtype d can sum its B operand's columns over K
+// (GpuVariant::colsum_of_b): the wgmma kind, whose producer warpgroup has idle warps (not the
+// split epilogue's), the first tile row's blocks each owning whole columns of B (not stream-K),
+// B read in place N-major in 16 bits (TF32 stages B K-major).
+inline bool gemm_sums_b(const GemmConfig& c, const GemmOperands& o, DType d) {
+  return c.kind == GemmKind::wgmma && !c.split_epilogue && !(c.persistent && c.stream_k) && !o.b_k_major &&
+         (d == DType::bf16 || d == DType::f16);
+}
 
 // The workspace words an argument struct ends with (GpuVariant::workspace): partials, counters.
 inline constexpr int kGpuSplitWords = 2;
@@ -837,6 +850,7 @@ class GpuKernelWriter {
           return ep.store_group(row, col, vals, kGemmGroupWidth, v_.strides, tag, "        ");
         };
       GemmColumnSums sums;
+      sums.of_b = v_.colsum_of_b;
       if (const int c = v_.colsum_slot; c >= 0) {
         const DType d = g_.nodes[size_t(l_.slots[size_t(c)].node)].dtype;
         sums.format = d == DType::bf16 ? 0 : d == DType::f16 ? 1 : d == DType::f32 ? 2 : -1;

@@ -27,6 +27,13 @@
 //                    call's kernels, not the plan. NOTE: off because on an H200 it made W4's
 //                    step 1.5-2% slower (two kernels fewer, 0.1 ms, against a pause of every
 //                    tile's storing threads: docs/benchmarks.md, thirty-first session).
+//   gemm_operand_sums on a GPU, a sum over the rows of a matrix that a GEMM reads as its B
+//                    operand along K (a bias's gradient beside its weight's: dW = x.t() @ dy,
+//                    db = sum(dy, 0)) is computed by that GEMM from the B tiles already in its
+//                    shared memory (cuBLASLt's BGRADB epilogue), where its kernel can (wgmma
+//                    without a split epilogue), instead of by a rows kernel reading the matrix
+//                    again (on by default; KILN_GEMM_OPERAND_SUMS=0). Decides each call's
+//                    kernels, not the plan.
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -57,6 +64,10 @@ inline std::atomic<bool>& gemm_column_sums_flag() {
   static std::atomic<bool> on{env_switch("KILN_GEMM_COLUMN_SUMS", false)};
   return on;
 }
+inline std::atomic<bool>& gemm_operand_sums_flag() {
+  static std::atomic<bool> on{env_switch("KILN_GEMM_OPERAND_SUMS", true)};
+  return on;
+}
 }  // namespace detail
 
 inline bool allow_tf32() { return detail::allow_tf32_flag().load(std::memory_order_relaxed); }
@@ -70,6 +81,9 @@ inline void set_kernel_overlap(bool on) { detail::kernel_overlap_flag().store(on
 
 inline bool gemm_column_sums() { return detail::gemm_column_sums_flag().load(std::memory_order_relaxed); }
 inline void set_gemm_column_sums(bool on) { detail::gemm_column_sums_flag().store(on, std::memory_order_relaxed); }
+
+inline bool gemm_operand_sums() { return detail::gemm_operand_sums_flag().load(std::memory_order_relaxed); }
+inline void set_gemm_operand_sums(bool on) { detail::gemm_operand_sums_flag().store(on, std::memory_order_relaxed); }
 
 // The switches that decide a plan, as one word of bits for plans' keys.
 inline constexpr uint8_t kPlanEpiloguesApart = 1;  // epilogue_fusion() is off

@@ -373,7 +373,8 @@ inline void skip_computed_prologues(const sched::Plan& plan, std::vector<codegen
 // only K-major operands, so it stages the others (GpuVariant::stage) and reads their copies.
 inline void set_gemm(codegen::GpuVariant& v, const codegen::GemmConfig& c, const codegen::GemmProblem& p) {
   v.gemm = c, v.gemm_ops = p.ops, v.stage = 0;
-  if (!codegen::gemm_sums_columns(c)) v.colsum_slot = v.colsum_kernel = -1;
+  if (v.colsum_of_b ? !codegen::gemm_sums_b(c, p.ops, p.dtype) : !codegen::gemm_sums_columns(c))
+    v.colsum_slot = v.colsum_kernel = -1, v.colsum_of_b = false;
   if (c.kind == codegen::GemmKind::wgmma && p.dtype == DType::f32) {
     v.stage = uint8_t((p.ops.a_k_major ? 0 : 1) | (p.ops.b_k_major ? 0 : 2));
     v.gemm_ops.a_k_major = v.gemm_ops.b_k_major = true;
@@ -632,30 +633,37 @@ inline Hash128 variant_key(const std::vector<codegen::GpuVariant>& vars) {
   for (const codegen::GpuVariant& v : vars) {
     if (!v.strides.empty()) vh.add(v.strides.data(), v.strides.size());
     const codegen::GemmConfig& gc = v.gemm;
-    int32_t w[36] = {v.vec, v.group, v.persist, v.split, v.threads, int(gc.kind), gc.bm, gc.bn, gc.bk, gc.wm, gc.wn, gc.stages,
+    int32_t w[37] = {v.vec, v.group, v.persist, v.split, v.threads, int(gc.kind), gc.bm, gc.bn, gc.bk, gc.wm, gc.wn, gc.stages,
                      gc.persistent, gc.split_epilogue, v.gemm_ops.a_k_major, v.gemm_ops.b_k_major, v.cols, v.epilogue_vec, v.vec_rows,
                      v.resident, v.stream, v.exact, int32_t(v.whole), v.rank, v.outer_rank, gc.group, gc.stream_k, gc.cluster,
-                     v.prologue, v.skip, gc.k_slices, gc.split_k, v.stage, v.colsum_slot, int32_t(v.colsum_dtype), int32_t(v.keep)};
+                     v.prologue, v.skip, gc.k_slices, gc.split_k, v.stage, v.colsum_slot, int32_t(v.colsum_dtype), int32_t(v.keep),
+                     v.colsum_of_b};
     vh.add(w, sizeof w);
   }
   return vh.digest();
 }
 
-// Which rows kernels' sums their GEMM computes (GpuVariant::colsum_slot; kiln::gemm_column_sums):
-// a rows kernel that only sums a matrix over its rows, sum(e, 0) with e [M, N] (a bias's
-// gradient), where e is stored by a wgmma GEMM (not stream-K, not a vendor GEMM: `by_library`)
-// of one batch, contiguous along its rows with 16-byte aligned rows and N a multiple of 16
-// bytes' elements, in bf16, f16 or f32: that GEMM sums each tile's columns once it has stored
-// the tile, and the rows kernel is not launched. One such sum per GEMM. The other kinds, and
-// the CPU, launch the rows kernel.
+// Which rows kernels' sums their GEMM computes (GpuVariant::colsum_slot): a rows kernel that only
+// sums a matrix over its rows, sum(e, 0) with e [K, N] (a bias's gradient), in bf16, f16 or f32,
+// and not past a GEMM (not a vendor GEMM: `by_library`; of one batch) that
+//  - reads e as its B operand in place, N-major in 16 bits, e's rows its K, before every kernel
+//    that reads the sum in the plan (kiln::gemm_operand_sums, on by default; the weight's
+//    gradient x.t() @ e): that GEMM's
+//    first tile row sums B's columns from shared memory (GpuVariant::colsum_of_b; wgmma without
+//    a split epilogue, not stream-K: gemm_sums_b);
+//  - else stores e, contiguous along its rows with 16-byte aligned rows and N a multiple of 16
+//    bytes' elements (kiln::gemm_column_sums, off by default): that GEMM sums each tile's
+//    columns once it has stored the tile (wgmma, not stream-K).
+// The rows kernel is then not launched. One such sum per GEMM. The other kinds, and the CPU,
+// launch the rows kernel.
 inline void assign_column_sums(const ir::Graph& g, const CompiledPlan& cp, GpuCall& c, const std::vector<uint8_t>* by_library = nullptr) {
   const auto& kernels = cp.plan.kernels;
   for (size_t k = 0; k < kernels.size(); ++k) {
     codegen::GpuVariant& v = c.vars[k];
-    if (kernels[k].kind == sched::KernelKind::matmul) v.colsum_slot = v.colsum_kernel = -1;
+    if (kernels[k].kind == sched::KernelKind::matmul) v.colsum_slot = v.colsum_kernel = -1, v.colsum_of_b = false;
     if (kernels[k].kind == sched::KernelKind::rows) v.skip = false;
   }
-  if (!gemm_column_sums()) return;
+  if (!gemm_column_sums() && !gemm_operand_sums()) return;
   for (size_t r = 0; r < kernels.size(); ++r) {
     const sched::Kernel& R = kernels[r];
     if (R.kind != sched::KernelKind::rows || R.reduces.size() != 1 || R.loads.size() != 1 || R.stores.size() != 1 || !R.params.empty() ||
@@ -668,13 +676,35 @@ inline void assign_column_sums(const ir::Graph& g, const CompiledPlan& cp, GpuCa
         R.stores[0].value != sum || R.stores[0].buffer != sum || R.stores[0].into != sched::StoreInto::whole ||
         !(d == DType::bf16 || d == DType::f16 || d == DType::f32))
       continue;
-    for (size_t k = 0; k < kernels.size(); ++k) {
-      const sched::Kernel& K = kernels[k];
-      codegen::GpuVariant& v = c.vars[k];
+    auto eligible = [&](size_t k) {
       const KernelArgs& a = c.args[k];
-      if (K.kind != sched::KernelKind::matmul || a.work == 0 || a.meta[0] != 2 || !codegen::gemm_sums_columns(v.gemm) ||
-          v.colsum_slot >= 0 || (by_library && (*by_library)[k]))
-        continue;
+      return kernels[k].kind == sched::KernelKind::matmul && a.work != 0 && a.meta[0] == 2 && c.vars[k].colsum_slot < 0 &&
+             !(by_library && (*by_library)[k]);
+    };
+    auto assign = [&](size_t k, int slot, bool of_b) {
+      codegen::GpuVariant& v = c.vars[k];
+      v.colsum_slot = slot, v.colsum_of_b = of_b, v.colsum_dtype = red.dtype, v.colsum_kernel = int(r);
+      c.vars[r].skip = true;
+    };
+    bool done = false;
+    // B read in place (slot 1 is B: GemmWriter's argument block), the GEMM launched before
+    // every kernel that reads the sum (launches follow the plan's order; streams: schedule_streams).
+    auto before_readers = [&](size_t k) {
+      for (size_t j = 0; j <= k; ++j)
+        if (std::find(kernels[j].deps.begin(), kernels[j].deps.end(), int(r)) != kernels[j].deps.end()) return false;
+      return true;
+    };
+    for (size_t k = 0; gemm_operand_sums() && k < kernels.size() && !done; ++k) {
+      const codegen::GpuVariant& v = c.vars[k];
+      const auto& slots = cp.layouts[k].slots;
+      if (eligible(k) && slots.size() > 1 && slots[1].node == e && slots[1].role == codegen::SlotRole::load && !(v.prologue & 2u) &&
+          !v.stage && codegen::gemm_sums_b(v.gemm, v.gemm_ops, d) && before_readers(k))
+        assign(k, 1, true), done = true;
+    }
+    for (size_t k = 0; gemm_column_sums() && k < kernels.size() && !done; ++k) {
+      const sched::Kernel& K = kernels[k];
+      const KernelArgs& a = c.args[k];
+      if (!eligible(k) || !codegen::gemm_sums_columns(c.vars[k].gemm)) continue;
       const auto& slots = cp.layouts[k].slots;
       int slot = -1;
       for (size_t i = 0; i < slots.size(); ++i)
@@ -685,9 +715,7 @@ inline void assign_column_sums(const ir::Graph& g, const CompiledPlan& cp, GpuCa
       if (a.stride(size_t(slot), 1) != 1 || a.stride(size_t(slot), 0) % per16 != 0 || n % per16 != 0 ||
           reinterpret_cast<uintptr_t>(a.ptrs[size_t(slot)]) % 16 != 0)
         break;
-      v.colsum_slot = slot, v.colsum_dtype = red.dtype, v.colsum_kernel = int(r);
-      c.vars[r].skip = true;
-      break;
+      assign(k, slot, false), done = true;
     }
   }
 }
@@ -758,12 +786,18 @@ inline StreamSchedule schedule_streams(const sched::Plan& p, const GpuCall& call
   for (size_t k = 0; k < n && count < 2; ++k) count += call.launches(k) && large(k);
   if (count < 2 || !kernel_overlap() || profiling()) return s;
   // Each kernel's dependencies among the launched kernels (through any that are not launched:
-  // an empty kernel, a prologue its GEMM computes).
+  // an empty kernel, a prologue its GEMM computes, a rows kernel whose sums a GEMM computes,
+  // which then stands for it: a GEMM that sums its B operand need not be one that the rows
+  // kernel depended on).
   std::vector<std::vector<int>> reads(n);
+  std::vector<int> summed_by(n, -1);
+  for (size_t k = 0; k < n; ++k)
+    if (call.vars[k].colsum_kernel >= 0) summed_by[size_t(call.vars[k].colsum_kernel)] = int(k);
   for (size_t k = 0; k < n; ++k)
     for (int d : kernels[k].deps) {
       if (call.launches(size_t(d))) reads[k].push_back(d);
       else reads[k].insert(reads[k].end(), reads[size_t(d)].begin(), reads[size_t(d)].end());
+      if (summed_by[size_t(d)] >= 0 && call.launches(size_t(summed_by[size_t(d)]))) reads[k].push_back(summed_by[size_t(d)]);
     }
   s.side.assign(n, 0), s.wait.assign(n, -1), s.record.assign(n, 0);
   int prev = -1, waited[2] = {-1, -1};
@@ -805,6 +839,7 @@ inline void variant_inputs(const std::vector<KernelArgs>& args, std::vector<int6
   out.push_back(gpu_loads_keep().load(std::memory_order_relaxed));
   out.push_back(allow_tf32());
   out.push_back(gemm_column_sums());
+  out.push_back(gemm_operand_sums());
 }
 
 // What a device API policy derives from: the device kind it serves and the
@@ -1063,7 +1098,7 @@ class GpuBackend final : public Backend {
     const auto& props = dev.properties();
     GpuLaunch L = gpu_launch_shape(kernel, args, v, props.sm_count, props.warp_size);
     uint64_t ws[codegen::kGpuSplitWords] = {}, st[codegen::kGpuStageWords] = {};
-    if (v.colsum_slot >= 0) {
+    if (v.colsum_slot >= 0 && !v.colsum_of_b) {
       column_sum_workspace(dev, kernel, args, v, ws);
     } else if (v.workspace()) {
       split_workspace(dev, gpu_workspace_words(kernel, v, L, props.warp_size), L.grid.x * L.grid.z, ws);
