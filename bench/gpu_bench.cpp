@@ -23,7 +23,7 @@
 // KILN_BENCH_COLSUM_AB=1 (with KILN_BENCH_ONLY=w4): the W4 step with db1 and db2 summed by rows
 // kernels and by the GEMMs that store dh and dy (kiln::gemm_column_sums, off by default), alternated.
 // KILN_BENCH_OPSUM_AB=1 (with KILN_BENCH_ONLY=w4): the W4 step with db1 and db2 summed by rows kernels
-// and by the dW GEMMs from their B operands (kiln::gemm_operand_sums, on by default), alternated.
+// and by the dW GEMMs from their B operands (kiln::gemm_operand_sums, off by default), alternated.
 #include <kiln/kiln.hpp>
 #include <kiln/runtime/cuda_backend.hpp>
 
@@ -765,7 +765,7 @@ static std::string w4_step_bench() {
                     r, on ? "on" : "off", (unsigned long long)launched, loop, flushed, anchor, e1, e2);
         std::fflush(stdout);
       }
-    set_gemm_operand_sums(true);
+    set_gemm_operand_sums(false);
   }
   double worst = std::max({e_loss, e[0], e[1], e[2], e[3], e[4]});
   // max-autotune from cold: a fresh cache directory (no tuning database, no compiled candidate

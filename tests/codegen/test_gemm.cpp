@@ -48,6 +48,11 @@ struct ColumnSumsOn {
   ColumnSumsOn() { set_gemm_column_sums(true); }
   ~ColumnSumsOn() { set_gemm_column_sums(false); }
 };
+// kiln::gemm_operand_sums on for the scope (off by default).
+struct OperandSumsOn {
+  OperandSumsOn() { set_gemm_operand_sums(true); }
+  ~OperandSumsOn() { set_gemm_operand_sums(false); }
+};
 
 template <class DT, int R>
 Tensor<DT, R> det(Shape<R> s, uint64_t seed) {  // deterministic CPU tensor (for programs only)
@@ -762,6 +767,7 @@ TEST_CASE("a sum over the rows of a Hopper GEMM's B operand (a bias's gradient b
     return;
   }
   auto e = [](int64_t r, int64_t c) { return Tensor<bf16, 2>::empty(Shape<2>{r, c}, cpu()); };
+  OperandSumsOn on;
   auto x = e(2048, 1024), dy = e(2048, 4096);
   auto rows_skipped = [](const GpuProgram& p) {
     for (size_t k = 0; k < p.kinds.size(); ++k)
@@ -829,9 +835,9 @@ TEST_CASE("a sum over the rows of a Hopper GEMM's B operand (a bias's gradient b
     CHECK(q.matmuls()[0].gemm.kind == GemmKind::wgmma);
     CHECK(!rows_skipped(q));
   }
-  set_gemm_operand_sums(false);
+  set_gemm_operand_sums(false);  // (kiln's default)
   GpuProgram off = cuda_program(90, matmul(x.transpose(0, 1), dy), kiln::sum(dy, 0));
-  set_gemm_operand_sums(true);  // (kiln's default)
+  set_gemm_operand_sums(true);
   CHECK(!rows_skipped(off));
   CHECK(off.matmuls()[0].colsum_slot == -1);
 }
@@ -1384,6 +1390,7 @@ TEST_CASE_TEMPLATE("GPU GEMM: a sum over the rows of its B operand (a bias's gra
                    "against float64", DT, bf16, f16) {
   if (kiln::default_device() == kiln::cpu() || cuda_arch() != 90) return;
   KILN_TEST_RNG(rng);
+  OperandSumsOn on;
   // A tile a block (128 x 128), persistent 128 x 256 in 4 and 3 stages, and in clusters of two (W4's).
   std::vector<GemmConfig> configs;
   for (const GemmConfig& c : codegen::gemm_candidates(DT::id, 90))

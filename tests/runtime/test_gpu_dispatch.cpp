@@ -691,6 +691,11 @@ struct OverlapOff {
   OverlapOff() { set_kernel_overlap(false); }
   ~OverlapOff() { set_kernel_overlap(true); }
 };
+// kiln::gemm_operand_sums on for the scope (off by default).
+struct OperandSumsOn {
+  OperandSumsOn() { set_gemm_operand_sums(true); }
+  ~OperandSumsOn() { set_gemm_operand_sums(false); }
+};
 }  // namespace
 
 TEST_CASE("GPU dispatch: with column sums in the GEMMs (kiln::gemm_column_sums) W4's step launches two kernels fewer, in order") {
@@ -703,14 +708,12 @@ TEST_CASE("GPU dispatch: with column sums in the GEMMs (kiln::gemm_column_sums) 
   auto yf = cast<f32>(matmul(gelu(matmul(x, W1) + b1), W2) + b2);
   auto loss = mean(yf * yf);
   auto [gx, gW1, gb1, gW2, gb2] = kiln::grad(loss, x, W1, b1, W2, b2);
-  set_gemm_operand_sums(false);  // (on by default: db1 and db2 from the dW GEMMs' B operands, below)
   Dispatch off = dispatch(backend, 0, loss, gx, gW1, gb1, gW2, gb2);
   check_ordered(off, dev);
   set_gemm_column_sums(true);
   Dispatch on = dispatch(backend, 0, loss, gx, gW1, gb1, gW2, gb2);  // a repeat call: the switch is among its inputs
   check_ordered(on, dev);
   set_gemm_column_sums(false);
-  set_gemm_operand_sums(true);
   CHECK(on.launches.size() + 2 == off.launches.size());
   int sums = 0, skipped = 0;
   const auto& kernels = on.plan->plan.kernels;
@@ -730,7 +733,7 @@ TEST_CASE("GPU dispatch: with column sums in the GEMMs (kiln::gemm_column_sums) 
   CHECK(std::count_if(dev.launched.begin(), dev.launched.end(), [](const auto& l) { return l.stream == 1; }) >= 2);
 }
 
-TEST_CASE("GPU dispatch: with B's column sums in the GEMMs (kiln::gemm_operand_sums, the default) W4's step launches two kernels fewer; "
+TEST_CASE("GPU dispatch: with B's column sums in the GEMMs (kiln::gemm_operand_sums) W4's step launches two kernels fewer; "
           "what reads such a sum runs after that GEMM") {
   KILN_TEST_RNG(rng);
   FakeGpuBackend backend;
@@ -741,12 +744,11 @@ TEST_CASE("GPU dispatch: with B's column sums in the GEMMs (kiln::gemm_operand_s
   auto yf = cast<f32>(matmul(gelu(matmul(x, W1) + b1), W2) + b2);
   auto loss = mean(yf * yf);
   auto [gx, gW1, gb1, gW2, gb2] = kiln::grad(loss, x, W1, b1, W2, b2);
-  Dispatch on = dispatch(backend, 0, loss, gx, gW1, gb1, gW2, gb2);
-  check_ordered(on, dev);
-  set_gemm_operand_sums(false);
-  Dispatch off = dispatch(backend, 0, loss, gx, gW1, gb1, gW2, gb2);  // a repeat call: the switch is among its inputs
+  Dispatch off = dispatch(backend, 0, loss, gx, gW1, gb1, gW2, gb2);
   check_ordered(off, dev);
-  set_gemm_operand_sums(true);
+  OperandSumsOn sums_on;
+  Dispatch on = dispatch(backend, 0, loss, gx, gW1, gb1, gW2, gb2);  // a repeat call: the switch is among its inputs
+  check_ordered(on, dev);
   CHECK(on.launches.size() + 2 == off.launches.size());
   const auto& kernels = on.plan->plan.kernels;
   int sums = 0;

@@ -32,8 +32,10 @@
 //                    db = sum(dy, 0)) is computed by that GEMM from the B tiles already in its
 //                    shared memory (cuBLASLt's BGRADB epilogue), where its kernel can (wgmma
 //                    without a split epilogue), instead of by a rows kernel reading the matrix
-//                    again (on by default; KILN_GEMM_OPERAND_SUMS=0). Decides each call's
-//                    kernels, not the plan.
+//                    again (off by default; KILN_GEMM_OPERAND_SUMS=1). Decides each call's
+//                    kernels, not the plan. NOTE: off until it has run on a GPU: written and
+//                    compiled through NVRTC in the thirty-fifth session, which got no device
+//                    time for its tests and its timing (docs/benchmarks.md).
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -65,7 +67,7 @@ inline std::atomic<bool>& gemm_column_sums_flag() {
   return on;
 }
 inline std::atomic<bool>& gemm_operand_sums_flag() {
-  static std::atomic<bool> on{env_switch("KILN_GEMM_OPERAND_SUMS", true)};
+  static std::atomic<bool> on{env_switch("KILN_GEMM_OPERAND_SUMS", false)};
   return on;
 }
 }  // namespace detail

@@ -647,7 +647,7 @@ inline Hash128 variant_key(const std::vector<codegen::GpuVariant>& vars) {
 // sums a matrix over its rows, sum(e, 0) with e [K, N] (a bias's gradient), in bf16, f16 or f32,
 // and not past a GEMM (not a vendor GEMM: `by_library`; of one batch) that
 //  - reads e as its B operand in place, N-major in 16 bits, e's rows its K, before every kernel
-//    that reads the sum in the plan (kiln::gemm_operand_sums, on by default; the weight's
+//    that reads the sum in the plan (kiln::gemm_operand_sums, off by default; the weight's
 //    gradient x.t() @ e): that GEMM's
 //    first tile row sums B's columns from shared memory (GpuVariant::colsum_of_b; wgmma without
 //    a split epilogue, not stream-K: gemm_sums_b);
