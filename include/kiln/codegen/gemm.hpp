@@ -78,6 +78,9 @@ struct GemmConfig {
   // one above the other, which share B's tile: each block's copy engine brings its half of
   // B's box into both blocks' shared memory (TMA multicast), so a 128x256 block reads 3/4 of
   // the bytes from L2 that it would alone (cuBLAS's kernels for W4 run in clusters of two).
+  // NOTE: not four (2 x 2 tiles, A's and B's boxes both shared): an H200 keeps 30 clusters of
+  // four blocks of one SM each resident, 120 of its 132 SMs (cudaOccupancyMaxActiveClusters;
+  // docs/benchmarks.md, thirty-fifth session).
   int cluster = 1;
   // simt only: the block's threads in this many groups, each multiplying its own slice of
   // every K tile into a whole output tile of its own, summed through shared memory at the

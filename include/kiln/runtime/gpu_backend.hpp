@@ -645,15 +645,14 @@ inline Hash128 variant_key(const std::vector<codegen::GpuVariant>& vars) {
 
 // Which rows kernels' sums their GEMM computes (GpuVariant::colsum_slot): a rows kernel that only
 // sums a matrix over its rows, sum(e, 0) with e [K, N] (a bias's gradient), in bf16, f16 or f32,
-// and not past a GEMM (not a vendor GEMM: `by_library`; of one batch) that
-//  - reads e as its B operand in place, N-major in 16 bits, e's rows its K, before every kernel
-//    that reads the sum in the plan (kiln::gemm_operand_sums, off by default; the weight's
-//    gradient x.t() @ e): that GEMM's
-//    first tile row sums B's columns from shared memory (GpuVariant::colsum_of_b; wgmma without
-//    a split epilogue, not stream-K: gemm_sums_b);
-//  - else stores e, contiguous along its rows with 16-byte aligned rows and N a multiple of 16
-//    bytes' elements (kiln::gemm_column_sums, off by default): that GEMM sums each tile's
-//    columns once it has stored the tile (wgmma, not stream-K).
+// where a GEMM of one batch (not a vendor GEMM: `by_library`)
+//  - reads e as its B operand in place, N-major in 16 bits (the weight's gradient x.t() @ e),
+//    and comes in the plan before every kernel that reads the sum (kiln::gemm_operand_sums, off
+//    by default): its first tile row sums B's columns from shared memory
+//    (GpuVariant::colsum_of_b; wgmma without a split epilogue, not stream-K: gemm_sums_b);
+//  - or else stores e, contiguous along its rows with 16-byte aligned rows and N a multiple of 16
+//    bytes' elements (kiln::gemm_column_sums, off by default): it sums each tile's columns once
+//    it has stored the tile (wgmma, not stream-K).
 // The rows kernel is then not launched. One such sum per GEMM. The other kinds, and the CPU,
 // launch the rows kernel.
 inline void assign_column_sums(const ir::Graph& g, const CompiledPlan& cp, GpuCall& c, const std::vector<uint8_t>* by_library = nullptr) {
