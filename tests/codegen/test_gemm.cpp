@@ -684,6 +684,27 @@ TEST_CASE("the persistent Hopper kernel: a block per SM walks the tiles; it comp
   CHECK(!codegen::gemm_fits(c2, prob));
 }
 
+// Whether the program's rows kernel is skipped (its sums computed by a GEMM).
+bool rows_skipped(const GpuProgram& p) {
+  for (size_t k = 0; k < p.kinds.size(); ++k)
+    if (p.kinds[k] == sched::KernelKind::rows) return p.vars[k].skip;
+  FAIL("no rows kernel");
+  return false;
+}
+// Every bf16 wgmma candidate, and each persistent one whose tile splits into 64-column shares
+// also in clusters of two and as stream-K.
+std::vector<GemmConfig> wgmma_configs_forced() {
+  std::vector<GemmConfig> configs;
+  for (const GemmConfig& c : codegen::gemm_candidates(DType::bf16, 90))
+    if (c.kind == GemmKind::wgmma) configs.push_back(c);
+  for (const GemmConfig& c : std::vector(configs))
+    if (c.persistent && c.bn % 128 == 0) {
+      configs.push_back(c), configs.back().cluster = 2;
+      configs.push_back(c), configs.back().stream_k = true;
+    }
+  return configs;
+}
+
 TEST_CASE("a sum over the rows of a matrix a Hopper GEMM stores (a bias's gradient) is computed by that GEMM; it compiles") {
   if (!jit::nvrtc_available()) {
     MESSAGE("NVRTC not found: skipped");
@@ -694,13 +715,6 @@ TEST_CASE("a sum over the rows of a matrix a Hopper GEMM stores (a bias's gradie
   auto x = e(2048, 1024), w = e(1024, 4096);
   auto b = Tensor<bf16, 1>::empty(Shape<1>{4096}, cpu());
   auto dy = kiln::gelu(matmul(x, w) + b);
-  // Which kernel is the rows kernel, and whether it is launched.
-  auto rows_skipped = [](const GpuProgram& p) {
-    for (size_t k = 0; k < p.kinds.size(); ++k)
-      if (p.kinds[k] == sched::KernelKind::rows) return p.vars[k].skip;
-    FAIL("no rows kernel");
-    return false;
-  };
   {  // the heuristic's wgmma config: the epilogue's output summed, its rows kernel not launched
     GpuProgram p = cuda_program(90, dy, kiln::sum(dy, 0));
     REQUIRE(p.kinds.size() == 2);
@@ -717,14 +731,7 @@ TEST_CASE("a sum over the rows of a matrix a Hopper GEMM stores (a bias's gradie
   // Each wgmma config forced (the consumers' epilogue, the split one, persistent, in clusters),
   // the matmul's own value summed too; the sums compile for sm_90a. Not stream-K: its
   // workspace is the tiles' hand-over (the rows kernel runs).
-  std::vector<GemmConfig> configs;
-  for (const GemmConfig& c : codegen::gemm_candidates(DType::bf16, 90))
-    if (c.kind == GemmKind::wgmma) configs.push_back(c);
-  for (const GemmConfig& c : std::vector(configs))
-    if (c.persistent && c.bn % 128 == 0) {
-      configs.push_back(c), configs.back().cluster = 2;
-      configs.push_back(c), configs.back().stream_k = true;
-    }
+  const std::vector<GemmConfig> configs = wgmma_configs_forced();
   for (const GemmConfig& c : configs) {
     CAPTURE(c.str());
     GemmHook force(c);
@@ -769,12 +776,6 @@ TEST_CASE("a sum over the rows of a Hopper GEMM's B operand (a bias's gradient b
   auto e = [](int64_t r, int64_t c) { return Tensor<bf16, 2>::empty(Shape<2>{r, c}, cpu()); };
   OperandSumsOn on;
   auto x = e(2048, 1024), dy = e(2048, 4096);
-  auto rows_skipped = [](const GpuProgram& p) {
-    for (size_t k = 0; k < p.kinds.size(); ++k)
-      if (p.kinds[k] == sched::KernelKind::rows) return p.vars[k].skip;
-    FAIL("no rows kernel");
-    return false;
-  };
   {  // the heuristic's config: dW = x.transpose(0, 1) @ dy sums dy's columns, db's rows kernel not launched
     GpuProgram p = cuda_program(90, matmul(x.transpose(0, 1), dy), kiln::sum(dy, 0));
     REQUIRE(p.kinds.size() == 2);
@@ -795,14 +796,7 @@ TEST_CASE("a sum over the rows of a Hopper GEMM's B operand (a bias's gradient b
   }
   // Each wgmma config forced: a tile a block, persistent, in clusters of two; not the split
   // epilogue (its warps are the epilogue's), not stream-K (a tile's K in several blocks).
-  std::vector<GemmConfig> configs;
-  for (const GemmConfig& c : codegen::gemm_candidates(DType::bf16, 90))
-    if (c.kind == GemmKind::wgmma) configs.push_back(c);
-  for (const GemmConfig& c : std::vector(configs))
-    if (c.persistent && c.bn % 128 == 0) {
-      configs.push_back(c), configs.back().cluster = 2;
-      configs.push_back(c), configs.back().stream_k = true;
-    }
+  const std::vector<GemmConfig> configs = wgmma_configs_forced();
   for (const GemmConfig& c : configs) {
     CAPTURE(c.str());
     GemmHook force(c);

@@ -696,23 +696,32 @@ struct OperandSumsOn {
   OperandSumsOn() { set_gemm_operand_sums(true); }
   ~OperandSumsOn() { set_gemm_operand_sums(false); }
 };
+// W4's step (bench/w4.hpp) on random host tensors: (loss, dx, dW1, db1, dW2, db2).
+auto w4_step(Rng& rng, int64_t M, int64_t K, int64_t H) {
+  auto x = host<bf16>(rng, Shape<2>{M, K}), W1 = host<bf16>(rng, Shape<2>{K, H}), W2 = host<bf16>(rng, Shape<2>{H, K});
+  auto b1 = host<bf16>(rng, Shape<1>{H}), b2 = host<bf16>(rng, Shape<1>{K});
+  auto yf = cast<f32>(matmul(gelu(matmul(x, W1) + b1), W2) + b2);
+  auto loss = mean(yf * yf);
+  auto [gx, gW1, gb1, gW2, gb2] = kiln::grad(loss, x, W1, b1, W2, b2);
+  return std::tuple{loss, gx, gW1, gb1, gW2, gb2};
+}
+// A step's outputs in fused mode through the fake device 0 (an sm_90), its launches checked in order.
+template <class Step>
+Dispatch w4_dispatch(FakeGpuBackend& backend, const Step& st) {
+  Dispatch d = std::apply([&](const auto&... o) { return dispatch(backend, 0, o...); }, st);
+  check_ordered(d, FakeGpuApi::device(0));
+  return d;
+}
 }  // namespace
 
 TEST_CASE("GPU dispatch: with column sums in the GEMMs (kiln::gemm_column_sums) W4's step launches two kernels fewer, in order") {
   KILN_TEST_RNG(rng);
   FakeGpuBackend backend;
   FakeGpuDevice& dev = FakeGpuApi::device(0);  // an sm_90: wgmma GEMMs
-  const int64_t M = 2048, K = 2048, H = 4096;
-  auto x = host<bf16>(rng, Shape<2>{M, K}), W1 = host<bf16>(rng, Shape<2>{K, H}), W2 = host<bf16>(rng, Shape<2>{H, K});
-  auto b1 = host<bf16>(rng, Shape<1>{H}), b2 = host<bf16>(rng, Shape<1>{K});
-  auto yf = cast<f32>(matmul(gelu(matmul(x, W1) + b1), W2) + b2);
-  auto loss = mean(yf * yf);
-  auto [gx, gW1, gb1, gW2, gb2] = kiln::grad(loss, x, W1, b1, W2, b2);
-  Dispatch off = dispatch(backend, 0, loss, gx, gW1, gb1, gW2, gb2);
-  check_ordered(off, dev);
+  const auto st = w4_step(rng, 2048, 2048, 4096);
+  Dispatch off = w4_dispatch(backend, st);
   set_gemm_column_sums(true);
-  Dispatch on = dispatch(backend, 0, loss, gx, gW1, gb1, gW2, gb2);  // a repeat call: the switch is among its inputs
-  check_ordered(on, dev);
+  Dispatch on = w4_dispatch(backend, st);  // a repeat call: the switch is among its inputs
   set_gemm_column_sums(false);
   CHECK(on.launches.size() + 2 == off.launches.size());
   int sums = 0, skipped = 0;
@@ -738,17 +747,10 @@ TEST_CASE("GPU dispatch: with B's column sums in the GEMMs (kiln::gemm_operand_s
   KILN_TEST_RNG(rng);
   FakeGpuBackend backend;
   FakeGpuDevice& dev = FakeGpuApi::device(0);  // an sm_90: wgmma GEMMs
-  const int64_t M = 2048, K = 2048, H = 4096;
-  auto x = host<bf16>(rng, Shape<2>{M, K}), W1 = host<bf16>(rng, Shape<2>{K, H}), W2 = host<bf16>(rng, Shape<2>{H, K});
-  auto b1 = host<bf16>(rng, Shape<1>{H}), b2 = host<bf16>(rng, Shape<1>{K});
-  auto yf = cast<f32>(matmul(gelu(matmul(x, W1) + b1), W2) + b2);
-  auto loss = mean(yf * yf);
-  auto [gx, gW1, gb1, gW2, gb2] = kiln::grad(loss, x, W1, b1, W2, b2);
-  Dispatch off = dispatch(backend, 0, loss, gx, gW1, gb1, gW2, gb2);
-  check_ordered(off, dev);
+  const auto st = w4_step(rng, 2048, 2048, 4096);
+  Dispatch off = w4_dispatch(backend, st);
   OperandSumsOn sums_on;
-  Dispatch on = dispatch(backend, 0, loss, gx, gW1, gb1, gW2, gb2);  // a repeat call: the switch is among its inputs
-  check_ordered(on, dev);
+  Dispatch on = w4_dispatch(backend, st);  // a repeat call: the switch is among its inputs
   CHECK(on.launches.size() + 2 == off.launches.size());
   const auto& kernels = on.plan->plan.kernels;
   int sums = 0;
@@ -766,7 +768,7 @@ TEST_CASE("GPU dispatch: with B's column sums in the GEMMs (kiln::gemm_operand_s
   // A large kernel that reads such a sum (z = q * db, [3000, N]: not the sum's own domain, so
   // a kernel of its own) reads nothing the rows kernel depended on (dy is an input): with the
   // rows kernel not launched it still waits for the GEMM that computes the sum.
-  auto xa = host<bf16>(rng, Shape<2>{M, 1024}), dy = host<bf16>(rng, Shape<2>{M, H}), q = host<bf16>(rng, Shape<2>{3000, H});
+  auto xa = host<bf16>(rng, Shape<2>{2048, 1024}), dy = host<bf16>(rng, Shape<2>{2048, 4096}), q = host<bf16>(rng, Shape<2>{3000, 4096});
   auto db = kiln::sum(dy, 0);
   Dispatch d = dispatch(backend, 0, matmul(xa.transpose(0, 1), dy), q * db);
   check_ordered(d, dev);
@@ -779,16 +781,6 @@ TEST_CASE("GPU dispatch: a training step's large independent kernels overlap on 
   KILN_TEST_RNG(rng);
   FakeGpuBackend backend;
   FakeGpuDevice& dev = FakeGpuApi::device(0);
-  // W4's step (bench/w4.hpp) at a size where every GEMM and the [M, H] kernels are large
-  // (StreamSchedule::kOverlapGemmWork, kOverlapWork), and at a small one.
-  auto step = [&](int64_t M, int64_t K, int64_t H) {
-    auto x = host<bf16>(rng, Shape<2>{M, K}), W1 = host<bf16>(rng, Shape<2>{K, H}), W2 = host<bf16>(rng, Shape<2>{H, K});
-    auto b1 = host<bf16>(rng, Shape<1>{H}), b2 = host<bf16>(rng, Shape<1>{K});
-    auto yf = cast<f32>(matmul(gelu(matmul(x, W1) + b1), W2) + b2);
-    auto loss = mean(yf * yf);
-    auto [gx, gW1, gb1, gW2, gb2] = kiln::grad(loss, x, W1, b1, W2, b2);
-    return std::tuple{loss, gx, gW1, gb1, gW2, gb2};
-  };
   auto run = [&](Mode mode, const auto& outs) {
     return std::apply([&](const auto&... o) { return dispatch_in(mode, backend, 0, o...); }, outs);
   };
@@ -803,7 +795,9 @@ TEST_CASE("GPU dispatch: a training step's large independent kernels overlap on 
       }
     return pairs;
   };
-  const auto large = step(2048, 2048, 4096), small = step(64, 96, 128);
+  // W4's step at a size where every GEMM and the [M, H] kernels are large
+  // (StreamSchedule::kOverlapGemmWork, kOverlapWork), and at a small one.
+  const auto large = w4_step(rng, 2048, 2048, 4096), small = w4_step(rng, 64, 96, 128);
 
   size_t waits = dev.waits;
   auto c0 = counters();
