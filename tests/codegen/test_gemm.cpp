@@ -794,6 +794,18 @@ TEST_CASE("a sum over the rows of a Hopper GEMM's B operand (a bias's gradient b
     CHECK(rows_skipped(q));
     CHECK(q.matmuls()[0].colsum_of_b);
   }
+  {  // a linear layer's backward (weight [out, in], x @ weight.t()): x.t() @ dy sums dy too
+    auto w = e(4096, 1024);
+    auto b = Tensor<bf16, 1>::empty(Shape<1>{4096}, cpu());
+    auto y = kiln::cast<f32>(kiln::linear(x, w, b));
+    auto loss = kiln::mean(y * y);
+    auto [gx, gw, gb] = kiln::grad(loss, x, w, b);
+    GpuProgram p = cuda_program(90, loss, gx, gw, gb);
+    int of_b = 0, skipped = 0;
+    for (const auto& v : p.vars) of_b += v.colsum_of_b, skipped += v.skip;
+    CHECK(of_b == 1);
+    CHECK(skipped == 1);
+  }
   // Each wgmma config forced: a tile a block, persistent, in clusters of two; not the split
   // epilogue (its warps are the epilogue's), not stream-K (a tile's K in several blocks).
   const std::vector<GemmConfig> configs = wgmma_configs_forced();
