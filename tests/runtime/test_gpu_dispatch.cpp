@@ -775,6 +775,20 @@ TEST_CASE("GPU dispatch: with B's column sums in the GEMMs (kiln::gemm_operand_s
   REQUIRE(d.launches.size() == 2);
   CHECK(d.vars[d.launches[0].first].colsum_of_b);
   CHECK(dev.launched[1].after.size() == 1);
+
+  // max-autotune times each candidate with the sums where its config takes them (the
+  // destination linked), and the tuned plan computes them still.
+  ScratchCache cache;  // an empty tuning database: the first call tunes
+  ir::Graph g = ir::trace(matmul(xa.transpose(0, 1), dy), db);
+  auto cp = runtime::plan_for(g, Mode::max_autotune);
+  runtime::Bound b = runtime::bind_buffers(g, cp->plan);
+  Counters c0 = counters();
+  backend.run(g, *cp, b);
+  CHECK(counters().tunings - c0.tunings == 1);
+  c0 = counters();
+  backend.run(g, *cp, b);  // a database hit
+  CHECK(counters().tunings == c0.tunings);
+  CHECK(counters().kernels_launched - c0.kernels_launched == 1);  // the GEMM alone: the heuristic's config sums
 }
 
 TEST_CASE("GPU dispatch: a training step's large independent kernels overlap on two streams and in a graph, each after all it reads") {
