@@ -751,6 +751,7 @@ static std::string w4_step_bench() {
     set_gemm_column_sums(false);
   }
   if (std::getenv("KILN_BENCH_OPSUM_AB")) {  // db1 and db2 by rows kernels, and by the dW GEMMs from their B operands
+    const bool was = gemm_operand_sums();
     for (int r = 0; r < 3; ++r)
       for (bool on : {false, true}) {
         set_gemm_operand_sums(on);
@@ -765,7 +766,7 @@ static std::string w4_step_bench() {
                     r, on ? "on" : "off", (unsigned long long)launched, loop, flushed, anchor, e1, e2);
         std::fflush(stdout);
       }
-    set_gemm_operand_sums(false);
+    set_gemm_operand_sums(was);
   }
   double worst = std::max({e_loss, e[0], e[1], e[2], e[3], e[4]});
   // max-autotune from cold: a fresh cache directory (no tuning database, no compiled candidate

@@ -776,7 +776,7 @@ TEST_CASE("a sum over the rows of a Hopper GEMM's B operand (a bias's gradient b
   auto e = [](int64_t r, int64_t c) { return Tensor<bf16, 2>::empty(Shape<2>{r, c}, cpu()); };
   OperandSumsOn on;
   auto x = e(2048, 1024), dy = e(2048, 4096);
-  {  // the heuristic's config: dW = x.transpose(0, 1) @ dy sums dy's columns, db's rows kernel not launched
+  {  // the heuristic's config: dW = x.t() @ dy sums dy's columns, db's rows kernel not launched
     GpuProgram p = cuda_program(90, matmul(x.transpose(0, 1), dy), kiln::sum(dy, 0));
     REQUIRE(p.kinds.size() == 2);
     REQUIRE(p.matmuls().size() == 1);
