@@ -733,41 +733,36 @@ static std::string w4_step_bench() {
       }
     set_kernel_overlap(true);
   }
-  if (std::getenv("KILN_BENCH_COLSUM_AB")) {  // db1 and db2 by rows kernels, and by their GEMMs
+  // A switch that decides the step's kernels, off and on alternated, three rounds: the kernels
+  // launched, the step's times and what `check` says of db1 and db2; then `after`.
+  auto sums_ab = [&](const char* what, void (*set)(bool), bool after, const auto& check) {
     for (int r = 0; r < 3; ++r)
       for (bool on : {false, true}) {
-        set_gemm_column_sums(on);
+        set(on);
         Counters c = counters();
         auto o = evaluate_step(Mode::fused, st);
         const uint64_t launched = counters().kernels_launched - c.kernels_launched;
-        const bool same = std::get<3>(o).to_vector() == std::get<3>(out).to_vector() && std::get<5>(o).to_vector() == std::get<5>(out).to_vector();
         double loop = loop_ms(fused_step, 100), flushed = time_ms(fused_step, 10);
         double anchor = anchor_ms(fused_step);
-        std::printf("W4 fused, round %d, column sums in the GEMMs %-3s (%llu kernels) back to back %8.3f ms, flushed %8.3f ms, as torch_anchor.py times "
-                    "%8.3f ms; db1 and db2 %s the first run's\n",
-                    r, on ? "on" : "off", (unsigned long long)launched, loop, flushed, anchor, same ? "bit for bit" : "not bit for bit");
+        std::printf("W4 fused, round %d, %s %-3s (%llu kernels) back to back %8.3f ms, flushed %8.3f ms, as torch_anchor.py times "
+                    "%8.3f ms; %s\n",
+                    r, what, on ? "on" : "off", (unsigned long long)launched, loop, flushed, anchor, check(o).c_str());
         std::fflush(stdout);
       }
-    set_gemm_column_sums(false);
-  }
-  if (std::getenv("KILN_BENCH_OPSUM_AB")) {  // db1 and db2 by rows kernels, and by the dW GEMMs from their B operands
-    const bool was = gemm_operand_sums();
-    for (int r = 0; r < 3; ++r)
-      for (bool on : {false, true}) {
-        set_gemm_operand_sums(on);
-        Counters c = counters();
-        auto o = evaluate_step(Mode::fused, st);
-        const uint64_t launched = counters().kernels_launched - c.kernels_launched;
-        const double e1 = w4::rel_err(std::get<3>(o), std::get<3>(ref)), e2 = w4::rel_err(std::get<5>(o), std::get<5>(ref));
-        double loop = loop_ms(fused_step, 100), flushed = time_ms(fused_step, 10);
-        double anchor = anchor_ms(fused_step);
-        std::printf("W4 fused, round %d, B's column sums in the dW GEMMs %-3s (%llu kernels) back to back %8.3f ms, flushed %8.3f ms, as "
-                    "torch_anchor.py times %8.3f ms; db1 rel. err %.1e, db2 %.1e\n",
-                    r, on ? "on" : "off", (unsigned long long)launched, loop, flushed, anchor, e1, e2);
-        std::fflush(stdout);
-      }
-    set_gemm_operand_sums(was);
-  }
+    set(after);
+  };
+  if (std::getenv("KILN_BENCH_COLSUM_AB"))  // db1 and db2 by rows kernels, and by their GEMMs
+    sums_ab("column sums in the GEMMs", set_gemm_column_sums, false, [&](const auto& o) {
+      const bool same = std::get<3>(o).to_vector() == std::get<3>(out).to_vector() && std::get<5>(o).to_vector() == std::get<5>(out).to_vector();
+      return std::string("db1 and db2 ") + (same ? "bit for bit" : "not bit for bit") + " the first run's";
+    });
+  if (std::getenv("KILN_BENCH_OPSUM_AB"))  // db1 and db2 by rows kernels, and by the dW GEMMs from their B operands
+    sums_ab("B's column sums in the dW GEMMs", set_gemm_operand_sums, gemm_operand_sums(), [&](const auto& o) {
+      char b[64];
+      std::snprintf(b, sizeof b, "db1 rel. err %.1e, db2 %.1e", w4::rel_err(std::get<3>(o), std::get<3>(ref)),
+                    w4::rel_err(std::get<5>(o), std::get<5>(ref)));
+      return std::string(b);
+    });
   double worst = std::max({e_loss, e[0], e[1], e[2], e[3], e[4]});
   // max-autotune from cold: a fresh cache directory (no tuning database, no compiled candidate
   // on disk); the first call tunes every matmul and compiles; then the tuned step's time.
