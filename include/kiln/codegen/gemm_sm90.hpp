@@ -104,7 +104,12 @@ class WgmmaWriter {
     s += "  const uint32_t full0 = sB + STAGES * B_STAGE, empty0 = full0 + STAGES * 8;\n";
     if (split)  // EPI: the epilogue warps' threads (the producer warpgroup's warps 1-3)
       s += "  const uint32_t stg_full = full0 + STAGES * 16, stg_empty = stg_full + 8, stg = stg_full + 16;\n  constexpr int EPI = 96;\n";
-    s += "  const int wg = threadIdx.x / 128, lane = threadIdx.x % 32;\n";
+    // The warpgroup's index through a shuffle, so that ptxas knows it is one value across the
+    // warp (as CUTLASS's canonical_warp_group_idx): what is derived from it, the consumers'
+    // wgmma descriptors, then lives in uniform registers. NOTE: from threadIdx.x alone the
+    // descriptors were computed in vector registers and moved (R2UR) before every wgmma: the
+    // consumers' K step 61 SASS instructions, 45 with the shuffle (W4's h @ W2, sm_90a cubin).
+    s += "  const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0), lane = threadIdx.x % 32;\n";
     s += "  const int KT = (int)((K + BK - 1) / BK);\n";
     if (persistent && cl == 1) s += "  const int64_t kiln_tiles = ((Mr + BM - 1) / BM) * ((N + BN - 1) / BN);\n";
     // Clustered: the clusters' tiles (CL tiles tall) and this block's rank in its cluster.
