@@ -630,7 +630,7 @@ TEST_CASE("the persistent Hopper kernel: a block per SM walks the tiles; it comp
     // In clusters: B's shares multicast into both blocks, stages given back to both.
     CHECK((p.src.find("__cluster_dims__(2, 1, 1)") != std::string::npos) == (c.cluster > 1));
     CHECK((p.src.find("kiln_tma_load_3d_multicast(b") != std::string::npos) == (c.cluster > 1));
-    CHECK((p.src.find("kiln_mbar_arrive_cluster(e, r)") != std::string::npos) == (c.cluster > 1));
+    CHECK((p.src.find("lane < CL) kiln_mbar_arrive_cluster(") != std::string::npos) == (c.cluster > 1));  // lane r to block r
     CHECK((p.src.find("tile += gridDim.x / CL") != std::string::npos) == (c.cluster > 1));
     CHECK((mm[0].epilogue_vec || mm[1].epilogue_vec));
     // Stream-K: units from KilnWalk, sums handed over through the workspace (the argument

@@ -195,14 +195,14 @@ class WgmmaWriter {
     s += mma_instruction("        ");
     s += "      }\n      kiln_wgmma_commit();\n      kiln_wgmma_wait<1>();\n";
     // The previous step's MMAs have finished reading their stage: back to the producer.
-    s += "      if (kt > " + KB + " && lane == 0) " + release("empty0 + 8 * ((g - 1) % STAGES)") + "\n    }\n";
+    s += "      " + release_if("kt > " + KB, "empty0 + 8 * ((g - 1) % STAGES)") + "\n    }\n";
     // Once all MMAs are done the last step's stage goes back too: the producer is already
     // loading the next tile while this one is stored.
     // Stream-K: a tile this block begins and the next one ends takes that block's sums in.
     const std::string sk_args = ", threadIdx.x - 128, CONSUMERS * 128, CONSUMERS + 1);\n";
     const std::string done =
         "kiln_wgmma_wait<0>();\n" +
-        (persistent ? "      if (" + KE + " > " + KB + " && lane == 0) " + release("empty0 + 8 * ((g - 1) % STAGES)") + "\n" : "") +
+        (persistent ? "      " + release_if(KE + " > " + KB, "empty0 + 8 * ((g - 1) % STAGES)") + "\n" : "") +
         (sk ? "      if (ke < KT) kiln_sk_take(d, sk_ws + (blockIdx.x + 1) * (size_t)(BM * BN), sk_flags + blockIdx.x + 1" + sk_args : "");
     // Stream-K: the end of a tile that the previous block begins leaves its sums to it.
     if (sk)
@@ -239,10 +239,13 @@ class WgmmaWriter {
 
  private:
   // A consumer warp gives a stage back: to its block's producer, and in a cluster to every
-  // block's (each brought a share of the stage into every block).
-  std::string release(const std::string& bar) const {
-    if (c_.cluster == 1) return "kiln_mbar_arrive(" + bar + ");";
-    return "{ const uint32_t e = " + bar + "; for (uint32_t r = 0; r < CL; ++r) kiln_mbar_arrive_cluster(e, r); }";
+  // A warp gives a stage back where `cond` holds: to its block's producer, and in a cluster to
+  // every block's (each brought a share of the stage into every block), lane r to block r
+  // (one arrive a lane, as CUTLASS's pipelines do: no loop, no divergent branch in the K loop).
+  std::string release_if(const std::string& cond, const std::string& bar) const {
+    const std::string c = cond.empty() ? "" : cond + " && ";
+    if (c_.cluster == 1) return "if (" + c + "lane == 0) kiln_mbar_arrive(" + bar + ");";
+    return "if (" + c + "lane < CL) kiln_mbar_arrive_cluster(" + bar + ", lane);";
   }
 
   // wgmma.mma_async m64n<BN>k16 (TF32: k8), f32 += A * B, both operands by descriptor;
@@ -337,7 +340,7 @@ class WgmmaWriter {
     // NOTE: unrolled by 4: by 8, ptxas spilled within the producer warpgroup's 40 registers (sm_90a).
     s += "      if (adds) {\n        const unsigned char* b = rows0 + s * B_STAGE;\n#pragma unroll 4\n";
     s += "        for (int r = 0; r < 32; ++r) kiln_colsum_add<" + F + ">(b + r * 128 + (((ch % 8) ^ (r % 8)) * 16), acc);\n      }\n";
-    s += "      __syncwarp();\n      if (lane == 0) " + release("empty0 + 8 * s") + "\n    }\n";
+    s += "      __syncwarp();\n      " + release_if("", "empty0 + 8 * s") + "\n    }\n";
     s += "    if (m0 == 0) {\n#pragma unroll\n      for (int e = 0; e < 8; ++e) acc[e] += __shfl_xor_sync(0xffffffffu, acc[e], 1);\n";
     s += "      if (mine && half == 0)\n#pragma unroll\n        for (int e = 0; e < 8; ++e)\n          if (n0 + ch * 8 + e < N) {\n";
     s += "            const int64_t col = n0 + ch * 8 + e;\n            " + sums_.store("col", "acc[e]") + "\n          }\n    }\n";
