@@ -188,10 +188,12 @@ inline size_t gemm_simt_shared_bytes(const GemmConfig& c, DType d) {
 // Whether a config can compute this problem.
 inline bool gemm_fits(const GemmConfig& c, const GemmProblem& p) {
   if ((c.k_slices > 1 || c.split_k > 1) && c.kind != GemmKind::simt) return false;
-  // wgmma: a K step is one 128-byte swizzle row (64 16-bit elements, 32 TF32 ones); the split
-  // epilogue's staging holds the output in 16 bits.
+  // wgmma: a K step is one 128-byte swizzle row (64 16-bit elements, 32 TF32 ones), or in 16
+  // bits a 64-byte one (32 elements: gemm_sm90.hpp); the split epilogue's staging holds the
+  // output in 16 bits.
   if (c.kind == GemmKind::wgmma)
-    return p.tma_ok && p.tensor_ok && gemm_has_wgmma(p.dtype, p.arch, p.tf32) && c.bk * int(info(p.dtype).bytes) == 128 &&
+    return p.tma_ok && p.tensor_ok && gemm_has_wgmma(p.dtype, p.arch, p.tf32) &&
+           (c.bk * int(info(p.dtype).bytes) == 128 || (c.bk == 32 && info(p.dtype).bytes == 2)) &&
            !(c.split_epilogue && p.dtype == DType::f32) &&
            (c.cluster == 1 || (c.persistent && !c.stream_k && c.bn % (64 * c.cluster) == 0));
   if (c.kind == GemmKind::mma) {
@@ -282,6 +284,18 @@ inline std::vector<GemmConfig> gemm_candidates(DType d, int arch, bool tf32 = fa
   return {{K::simt, 128, 128, 8, 8, 8, 1}, {K::simt, 64, 64, 16, 4, 4, 1}, {K::simt, 32, 32, 16, 2, 2, 1},
           gemm_sliced({K::simt, 32, 32, 32, 4, 4, 1}, 4), gemm_sliced({K::simt, 64, 64, 16, 4, 4, 1}, 2),
           gemm_sliced({K::simt, 32, 32, 32, 4, 4, 1}, 4, 4), gemm_sliced({K::simt, 64, 64, 16, 4, 4, 1}, 1, 4)};
+}
+
+// 16-bit wgmma configs in K steps of 32 (64-byte K-major rows, swizzled in 64 bytes: twice
+// the stages in the same room), so that the split epilogue's ring, whose staging takes one
+// 64-wide stage's room, reaches as far ahead as a plain 128x256 config's four stages (4 of 6
+// stages of 24 KB loading while the consumers hold 2, against 1 of 3 of 48 KB); and the plain
+// 128x256 in 8 such stages. NOTE: compiled (NVRTC, sm_90a) but not yet run on a GPU, so not
+// among the candidates: the gpu suite forces them (test_gemm.cpp), and gpu_bench's
+// KILN_BENCH_HEAVY_AB times W4 with its two heavy GEMMs in the first.
+inline std::vector<GemmConfig> gemm_k32_configs() {
+  using K = GemmKind;
+  return {{K::wgmma, 128, 256, 32, 64, 256, 6, true, true}, {K::wgmma, 128, 256, 32, 64, 256, 8, true}};
 }
 
 // Blocks (output tiles) a config launches for this problem.

@@ -58,12 +58,17 @@
 // Its TF32 form reads both operands K-major only; the host stages an M-major A or an N-major
 // B first (GpuVariant::stage: a kernel of the same program copies it K-major, rounded to
 // nearest TF32), and the tensor cores truncate an operand read in place to TF32.
-// Shared memory per stage, each box 1024-byte aligned (the swizzle atom):
-//   A K-major: [BM rows][64 k] (one box)          A M-major: BM/64 boxes of [64 k][64 m]
-//   B K-major: [BN rows][64 k] (one box)          B N-major: BN/64 boxes of [64 k][64 n]
+// Shared memory per stage, each box 1024-byte aligned (the swizzle atom), BK = 64 16-bit
+// elements (32 TF32 ones) a K step:
+//   A K-major: [BM rows][BK k] (one box)          A M-major: BM/64 boxes of [BK k][64 m]
+//   B K-major: [BN rows][BK k] (one box)          B N-major: BN/64 boxes of [BK k][64 n]
 // Descriptors: K-major tiles step 32 bytes per k16 inside the 128-byte row, 8-row
 // groups 1024 bytes apart (SBO); M/N-major tiles step 16 rows (2048 bytes) per k16,
-// 8-k groups 1024 bytes apart (SBO), 64-element column blocks 8192 bytes apart (LBO).
+// 8-k groups 1024 bytes apart (SBO), 64-element column blocks BK * 128 bytes apart (LBO).
+// 16-bit K steps of 32 (GemmConfig::bk 32: twice the stages in the same room, a split
+// epilogue's ring as deep as a plain config's): K-major rows are 64 bytes, swizzled in
+// 64-byte patterns (SWIZZLE_64B; 8-row groups 512 bytes apart); M/N-major boxes keep their
+// 128-byte rows, BK of them.
 #pragma once
 #include "kiln/codegen/gemm.hpp"
 
@@ -91,14 +96,17 @@ class WgmmaWriter {
     const bool persistent = c_.persistent, split = c_.persistent && c_.split_epilogue, sk = c_.persistent && c_.stream_k;
     const int cl = c_.cluster;  // blocks of a cluster, sharing B's tile (gemm_fits: persistent, not stream-K)
     const bool b_sums = sums_.format >= 0 && sums_.of_b;
-    if (b_sums && (split || sk || o_.b_k_major || sums_.format > 1))
-      throw Error("kiln: internal error: B's column sums in a " + c_.str() + " GEMM (a split epilogue, stream-K or B K-major)");
+    if (b_sums && (split || sk || o_.b_k_major || sums_.format > 1 || c_.bk * int(info(d_).bytes) != 128))
+      throw Error("kiln: internal error: B's column sums in a " + c_.str() + " GEMM (a split epilogue, stream-K, B K-major or K steps of 32)");
     // A unit's K steps: the whole tile's, or a stream-K run's part of it.
     const std::string KB = sk ? "kb" : "0", KE = sk ? "ke" : "KT";
     std::string s = w_.head(prelude);
     s += "  constexpr int STAGES = " + S(c_.stages) + ", CONSUMERS = BM / WM;\n";
-    // E: an element's bytes (a K step, BK of them, is one 128-byte swizzle row); KS: the K of one wgmma.
-    s += "  constexpr uint32_t E = " + S(int(info(d_).bytes)) + ", A_STAGE = BM * BK * E, B_STAGE = BN * BK * E;\n  constexpr int KS = 32 / E;\n";
+    // E: an element's bytes; a K step, BK of them, is a K-major row (128 bytes, or 64: sw64);
+    // BOX: an M/N-major box's bytes (BK rows of 64 elements); KS: the K of one wgmma.
+    const bool sw64 = c_.bk * int(info(d_).bytes) == 64;
+    s += "  constexpr uint32_t E = " + S(int(info(d_).bytes)) + ", A_STAGE = BM * BK * E, B_STAGE = BN * BK * E, BOX = BK * 128;\n"
+         "  constexpr int KS = 32 / E;\n";
     s += "  extern __shared__ __align__(128) unsigned char kiln_smem[];\n";
     s += "  const uint32_t sA = (kiln_smem_addr(kiln_smem) + 1023u) & ~1023u, sB = sA + STAGES * A_STAGE;\n";
     s += "  const uint32_t full0 = sB + STAGES * B_STAGE, empty0 = full0 + STAGES * 8;\n";
@@ -159,15 +167,15 @@ class WgmmaWriter {
     // other, and reads A's rows from 0 (it stores nothing): no box lies wholly out of bounds.
     const std::string am = cl > 1 ? "(int)(m0 < Mr ? m0 : 0)" : "(int)m0";
     s += o_.a_k_major ? "        kiln_tma_load_3d(a, &tma_a, k0, " + am + ", za, full);\n"
-                      : "        for (int c = 0; c < BM / 64; ++c) kiln_tma_load_3d(a + c * 8192, &tma_a, " + am + " + 64 * c, k0, za, full);\n";
+                      : "        for (int c = 0; c < BM / 64; ++c) kiln_tma_load_3d(a + c * BOX, &tma_a, " + am + " + 64 * c, k0, za, full);\n";
     if (cl > 1)  // this block's share of B's tile (BN / CL columns), into every block of the cluster
       s += o_.b_k_major ? "        kiln_tma_load_3d_multicast(b + kiln_crank * (B_STAGE / CL), &tma_b, k0, (int)n0 + kiln_crank * (BN / CL), zb, "
                           "full, (1 << CL) - 1);\n"
                         : "        for (int j = kiln_crank * (BN / 64 / CL); j < (kiln_crank + 1) * (BN / 64 / CL); ++j)\n"
-                          "          kiln_tma_load_3d_multicast(b + j * 8192, &tma_b, (int)n0 + 64 * j, k0, zb, full, (1 << CL) - 1);\n";
+                          "          kiln_tma_load_3d_multicast(b + j * BOX, &tma_b, (int)n0 + 64 * j, k0, zb, full, (1 << CL) - 1);\n";
     else
       s += o_.b_k_major ? "        kiln_tma_load_3d(b, &tma_b, k0, (int)n0, zb, full);\n"
-                        : "        for (int j = 0; j < BN / 64; ++j) kiln_tma_load_3d(b + j * 8192, &tma_b, (int)n0 + 64 * j, k0, zb, full);\n";
+                        : "        for (int j = 0; j < BN / 64; ++j) kiln_tma_load_3d(b + j * BOX, &tma_b, (int)n0 + 64 * j, k0, zb, full);\n";
     s += "      }\n" + tiles_close("      ") + "    }\n";
     if (split) s += "    else if (threadIdx.x >= 128 - EPI) {\n" + split_epilogue(tiles_open, tiles_close) + "    }\n";
     if (b_sums) s += "    else if (threadIdx.x >= 32 && threadIdx.x < 96) {\n" + b_column_sums(tiles_open, tiles_close) + "    }\n";
@@ -179,10 +187,11 @@ class WgmmaWriter {
     // consumers' loop 86 instructions a K step (SASS, W4's h @ W2 on an H200), and the GEMM
     // execute 65% more instructions than cuBLAS's; built once, 58 and 16% more, the time about
     // the same (ncu; docs/benchmarks.md, twenty-third and twenty-fourth sessions).
-    auto desc = [](bool k_major, const std::string& base) {
-      return k_major ? "kiln_wgmma_desc(" + base + ", 16, 1024)" : "kiln_wgmma_desc(" + base + ", 8192, 1024)";
+    // Consumer c's 64 rows of A start 64 rows (K-major) or one box (M-major) in: 64 * BK * E bytes either way.
+    auto desc = [&](bool k_major, const std::string& base) {
+      return k_major ? "kiln_wgmma_desc(" + base + (sw64 ? ", 16, 512, true)" : ", 16, 1024)") : "kiln_wgmma_desc(" + base + ", BOX, 1024)";
     };
-    s += "    const unsigned long long da0 = " + desc(o_.a_k_major, "sA + c * 8192") + ", db0 = " + desc(o_.b_k_major, "sB") + ";\n";
+    s += "    const unsigned long long da0 = " + desc(o_.a_k_major, "sA + c * (64 * BK * E)") + ", db0 = " + desc(o_.b_k_major, "sB") + ";\n";
     s += std::string("    float d[BN / 2];\n    unsigned g = 0;\n") + (split ? "    int tiles_done = 0;\n" : "") + tiles_open("    ");
     s += "#pragma unroll\n    for (int i = 0; i < BN / 2; ++i) d[i] = 0.f;\n";
     s += "    for (int kt = " + KB + "; kt < " + KE + "; ++kt, ++g) {\n      const int s = g % STAGES;\n";

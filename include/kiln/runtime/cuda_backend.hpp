@@ -35,7 +35,8 @@ struct CudaDeviceApi : GpuDeviceApi<DeviceKind::cuda, codegen::GpuDialect::cuda>
 
   // The tensor maps of a wgmma GEMM (codegen/gemm_sm90.hpp): each operand as a 3-d
   // tensor {contiguous dim, other matrix dim, batch}, boxes of one 128-byte swizzle row (64
-  // 16-bit or 32 f32 elements) by the rows the kernel copies at once; a broadcast batch is a
+  // 16-bit or 32 f32 elements; a K-major operand in K steps of 32 16-bit elements: one 64-byte
+  // row, swizzled in 64 bytes) by the rows the kernel copies at once; a broadcast batch is a
   // batch of one (the kernel reads its coordinate 0). A staged operand (GpuVariant::stage) is
   // its K-major copy at staged[o]: rows of codegen::GemmStaged's pitch, batches one after another.
   static void tensor_maps(const KernelArgs& a, const codegen::GpuVariant& v, const uint64_t* staged, TensorMaps& out) {
@@ -60,11 +61,12 @@ struct CudaDeviceApi : GpuDeviceApi<DeviceKind::cuda, codegen::GpuDialect::cuda>
         base = reinterpret_cast<void*>(staged[slot]);
         strides[0] = uint64_t(s.pitch) * es, strides[1] = uint64_t(s.rows * s.pitch) * es;
       }
-      unsigned box[3] = {unsigned(128 / es), k_major ? k_major_rows : unsigned(v.gemm.bk), 1}, unit[3] = {1, 1, 1};
+      const bool sw64 = k_major && uint64_t(v.gemm.bk) * es == 64;
+      unsigned box[3] = {k_major ? unsigned(v.gemm.bk) : unsigned(128 / es), k_major ? k_major_rows : unsigned(v.gemm.bk), 1}, unit[3] = {1, 1, 1};
       // NOTE: an L2 promotion of 256 B (DeepGEMM's) instead of 128 B made no difference to W4's
       // GEMMs or step on an H200 (docs/benchmarks.md, twenty-sixth session).
       int r = api.cuTensorMapEncodeTiled(&map, es == 4 ? cu::kTensorMapFloat32 : cu::kTensorMapUint16, 3, base, dims, strides, box,
-                                         unit, 0, cu::kTensorMapSwizzle128B, cu::kTensorMapL2Promotion128B, 0);
+                                         unit, 0, sw64 ? cu::kTensorMapSwizzle64B : cu::kTensorMapSwizzle128B, cu::kTensorMapL2Promotion128B, 0);
       if (r != cu::kSuccess)
         throw Error("kiln: cuTensorMapEncodeTiled of the " + std::string(slot ? "B" : "A") + " operand of a matmul (" +
                     std::to_string(dims[0]) + " x " + std::to_string(dims[1]) + " x " + std::to_string(dims[2]) + ", strides " +

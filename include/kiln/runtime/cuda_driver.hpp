@@ -186,7 +186,7 @@ struct DriverApi {
 // CUtensorMap enum values (cuda.h).
 inline constexpr int kTensorMapUint16 = 1;
 inline constexpr int kTensorMapFloat32 = 7;  // CU_TENSOR_MAP_DATA_TYPE_FLOAT32
-inline constexpr int kTensorMapSwizzle128B = 3;
+inline constexpr int kTensorMapSwizzle64B = 2, kTensorMapSwizzle128B = 3;
 inline constexpr int kTensorMapL2Promotion128B = 2;
 
 namespace detail {

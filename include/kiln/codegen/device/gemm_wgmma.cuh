@@ -78,12 +78,12 @@ KILN_FN void kiln_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" :::
 KILN_FN void kiln_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N> KILN_FN void kiln_wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
 
-// Shared-memory matrix descriptor of a 128-byte-swizzled tile (the layout the copy
-// engine writes with CU_TENSOR_MAP_SWIZZLE_128B): start address, leading and
-// stride byte offsets, all in 16-byte units.
-KILN_FN unsigned long long kiln_wgmma_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+// Shared-memory matrix descriptor of a swizzled tile (the layout the copy engine writes with
+// CU_TENSOR_MAP_SWIZZLE_128B, or _64B where `sw64`): start address, leading and stride byte
+// offsets, all in 16-byte units; the layout type in bits 62-63 (1: 128-byte swizzle, 2: 64-byte).
+KILN_FN unsigned long long kiln_wgmma_desc(uint32_t addr, uint32_t lbo, uint32_t sbo, bool sw64 = false) {
   return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16) |
-         ((unsigned long long)(sbo >> 4) << 32) | (1ull << 62);
+         ((unsigned long long)(sbo >> 4) << 32) | ((sw64 ? 2ull : 1ull) << 62);
 }
 
 // The register budgets of a producer/consumer kernel (launch-bounded to one block per SM).
