@@ -166,6 +166,21 @@ TEST_CASE("gemm config choice: tensor cores only where dtype, architecture and l
           CHECK(codegen::gemm_shared_bytes(c, {}) <= 227u * 1024);
         }
       }
+  // 16-bit wgmma in K steps of 32 (64-byte rows): not candidates yet; they fit a 16-bit Hopper
+  // problem the copy engine reads, in twice the stages of their K-64 twins in the same room.
+  GemmProblem hop = problem(8192, 4096, 4096, DType::bf16, true, 90, true);
+  for (const GemmConfig& c : codegen::gemm_k32_configs()) {
+    CAPTURE(c.str());
+    CHECK((c.kind == GemmKind::wgmma && c.wm == 64 && c.bk == 32 && c.wn == c.bn && c.persistent));
+    CHECK(codegen::gemm_shared_bytes(c, {}) <= 227u * 1024);
+    CHECK(codegen::gemm_fits(c, hop));
+    CHECK(codegen::gemm_clustered(c, hop).cluster == 2);
+    GemmProblem f32 = hop, no_tma = hop;
+    f32.dtype = DType::f32, f32.tf32 = true, no_tma.tma_ok = false;
+    CHECK(!codegen::gemm_fits(c, f32));
+    CHECK(!codegen::gemm_fits(c, no_tma));
+    for (const GemmConfig& k : codegen::gemm_tuning_candidates(hop)) CHECK(k.bk == 64);
+  }
   // AMD: MFMA on CDNA (gfx908, gfx90a, gfx94x) for bf16/f16, never on RDNA or for other dtypes.
   CHECK(codegen::gemm_amd_arch("gfx90a:sramecc+:xnack-") == -0x90a);
   CHECK(codegen::gemm_amd_arch("gfx1030") == -0x1030);

@@ -190,12 +190,16 @@ inline bool gemm_fits(const GemmConfig& c, const GemmProblem& p) {
   if ((c.k_slices > 1 || c.split_k > 1) && c.kind != GemmKind::simt) return false;
   // wgmma: a K step is one 128-byte swizzle row (64 16-bit elements, 32 TF32 ones), or in 16
   // bits a 64-byte one (32 elements: gemm_sm90.hpp); the split epilogue's staging holds the
-  // output in 16 bits.
-  if (c.kind == GemmKind::wgmma)
+  // output in 16 bits; the stages in the device's shared memory (a 16-bit config's K steps of
+  // 32 read as TF32 would take twice its room).
+  if (c.kind == GemmKind::wgmma) {
+    GemmOperands o = p.ops;
+    o.elem_bytes = int(info(p.dtype).bytes);
     return p.tma_ok && p.tensor_ok && gemm_has_wgmma(p.dtype, p.arch, p.tf32) &&
-           (c.bk * int(info(p.dtype).bytes) == 128 || (c.bk == 32 && info(p.dtype).bytes == 2)) &&
-           !(c.split_epilogue && p.dtype == DType::f32) &&
-           (c.cluster == 1 || (c.persistent && !c.stream_k && c.bn % (64 * c.cluster) == 0));
+           (c.bk * o.elem_bytes == 128 || (c.bk == 32 && o.elem_bytes == 2)) && !(c.split_epilogue && p.dtype == DType::f32) &&
+           (c.cluster == 1 || (c.persistent && !c.stream_k && c.bn % (64 * c.cluster) == 0)) &&
+           gemm_shared_bytes(c, o) <= gemm_max_shared(p.arch);
+  }
   if (c.kind == GemmKind::mma) {
     GemmOperands o = p.ops;
     o.elem_bytes = int(info(p.dtype).bytes);  // a 16-bit config's tiles take twice the room in f32
