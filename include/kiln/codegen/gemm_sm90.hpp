@@ -10,7 +10,8 @@
 //   producer   one thread: for each K step, waits until the stage is free
 //              (its `empty` barrier), then has the copy engine (TMA) bring A's
 //              and B's boxes into it, completing on its `full` barrier. The copy
-//              engine writes the 128-byte-swizzled layout wgmma reads, and fills
+//              engine writes the swizzled layout wgmma reads (128-byte; 64-byte for
+//              16-bit K-major rows in K steps of 32), and fills
 //              whatever lies past M, N or K with zeros.
 //   consumers  warpgroup c owns rows 64c .. 64c+63 of the tile: waits for a stage,
 //              issues BK/16 wgmma m64nBNk16 (A and B both from shared memory, f32
@@ -247,7 +248,6 @@ class WgmmaWriter {
   }
 
  private:
-  // A consumer warp gives a stage back: to its block's producer, and in a cluster to every
   // A warp gives a stage back where `cond` holds: to its block's producer, and in a cluster to
   // every block's (each brought a share of the stage into every block), lane r to block r
   // (one arrive a lane, as CUTLASS's pipelines do: no loop, no divergent branch in the K loop).
