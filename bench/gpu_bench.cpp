@@ -18,7 +18,7 @@
 // KILN_BENCH_ONLY=epilogue: x @ W1 alone, with a bias, two outputs, gelu, gelu and gelu', back to back.
 // KILN_BENCH_SPLIT_AB=1 (with KILN_BENCH_ONLY=w4): the W4 step with the split epilogue forced on its GEMMs with long epilogues.
 // KILN_BENCH_HEAVY_AB=1 (with KILN_BENCH_ONLY=w4): the W4 step with its two heavy-epilogue GEMMs in K steps of 32
-// (6 stages, split epilogue) and in the consumers' 4-stage epilogue, beside the heuristic's.
+// (6 stages, split epilogue), in the consumers' 4-stage epilogue, and every GEMM in K steps of 32, beside the heuristic's.
 // KILN_BENCH_OVERLAP_AB=1 (with KILN_BENCH_ONLY=w4): the W4 step with kernel overlap off and on, alternated.
 // KILN_BENCH_KEEP_AB=1: the rows with kept rows loaded L2 evict_last off and on (gpu_loads_keep), alternated.
 // KILN_BENCH_COLSUM_AB=1 (with KILN_BENCH_ONLY=w4): the W4 step with db1 and db2 summed by rows
@@ -686,12 +686,14 @@ static std::string w4_step_bench() {
   if (std::getenv("KILN_BENCH_HEAVY_AB")) {
     // The two GEMMs with heavy epilogues (x @ W1 with gelu and gelu', dy @ W2.t() * gelu'(u)):
     // the heuristic's split epilogue (128x256, 3 stages of K 64), the same in 6 stages of K 32
-    // (gemm_k32_configs), or the consumers' epilogue in 4 stages.
-    compare({"as the heuristic", "heavy GEMMs as 128x256x32 s6_pe_c2", "heavy GEMMs as 128x256 s4_p_c2"},
+    // (gemm_k32_configs), or the consumers' epilogue in 4 stages; and every GEMM in K steps of
+    // 32 (the four plain ones in 8 stages: 6 loading while the consumers hold 2, against 2 of 4).
+    compare({"as the heuristic", "heavy GEMMs as 128x256x32 s6_pe_c2", "heavy GEMMs as 128x256 s4_p_c2",
+             "all in K steps of 32 (s6_pe_c2, s8_p_c2)"},
             [](codegen::GemmConfig& c, const codegen::GemmProblem& q, size_t i) {
-              if (i == 0 || !q.heavy_epilogue) return;
-              if (i == 1) {
-                c = codegen::gemm_clustered(codegen::gemm_k32_configs()[0], q);
+              if (i == 0 || (i < 3 && !q.heavy_epilogue)) return;
+              if (i != 2) {
+                c = codegen::gemm_clustered(codegen::gemm_k32_configs()[q.heavy_epilogue ? 0 : 1], q);
                 return;
               }
               for (const codegen::GemmConfig& e : codegen::gemm_candidates(q.dtype, q.arch))
