@@ -296,7 +296,7 @@ inline std::vector<GemmConfig> gemm_candidates(DType d, int arch, bool tf32 = fa
 // stages of 24 KB loading while the consumers hold 2, against 1 of 3 of 48 KB); and the plain
 // 128x256 in 8 such stages. NOTE: compiled (NVRTC, sm_90a) but not yet run on a GPU, so not
 // among the candidates: the gpu suite forces them (test_gemm.cpp), and gpu_bench's
-// KILN_BENCH_HEAVY_AB times W4 with its two heavy GEMMs in the first.
+// KILN_BENCH_HEAVY_AB times W4 with its two heavy GEMMs in the first, and with all six in them.
 inline std::vector<GemmConfig> gemm_k32_configs() {
   using K = GemmKind;
   return {{K::wgmma, 128, 256, 32, 64, 256, 6, true, true}, {K::wgmma, 128, 256, 32, 64, 256, 8, true}};
