@@ -75,6 +75,19 @@
 
 namespace kiln::codegen {
 
+// Whether a wgmma config's K-major rows are 64 bytes (16-bit K steps of 32), swizzled in 64
+// bytes, rather than one 128-byte swizzle row: the kernel's descriptors and the host's tensor maps.
+inline bool wgmma_sw64(const GemmConfig& c, int elem_bytes) { return c.bk * elem_bytes == 64; }
+
+// Whether a GEMM of config c over operands o in dtype d can sum its B operand's columns over K
+// (GpuVariant::colsum_of_b): the wgmma kind, whose producer warpgroup has idle warps (not the
+// split epilogue's), the first tile row's blocks each owning whole columns of B (not stream-K),
+// B read in place N-major in 16 bits (TF32 stages B K-major), in 128-byte rows (b_column_sums).
+inline bool gemm_sums_b(const GemmConfig& c, const GemmOperands& o, DType d) {
+  return c.kind == GemmKind::wgmma && !c.split_epilogue && !(c.persistent && c.stream_k) && !o.b_k_major &&
+         (d == DType::bf16 || d == DType::f16) && !wgmma_sw64(c, 2);
+}
+
 // GpuVariant::colsum_slot in a kernel's terms: the stored matrix (an expression of its first
 // element, of its row stride), its format for kiln_colsum_tile (0 bf16, 1 f16, 2 f32; -1: no
 // column sums), and the statement that stores column `col`'s total `v`. of_b
@@ -97,15 +110,14 @@ class WgmmaWriter {
     const bool persistent = c_.persistent, split = c_.persistent && c_.split_epilogue, sk = c_.persistent && c_.stream_k;
     const int cl = c_.cluster;  // blocks of a cluster, sharing B's tile (gemm_fits: persistent, not stream-K)
     const bool b_sums = sums_.format >= 0 && sums_.of_b;
-    if (b_sums && (split || sk || o_.b_k_major || sums_.format > 1 || c_.bk * int(info(d_).bytes) != 128))
-      throw Error("kiln: internal error: B's column sums in a " + c_.str() + " GEMM (a split epilogue, stream-K, B K-major or K steps of 32)");
+    if (b_sums && !gemm_sums_b(c_, o_, d_)) throw Error("kiln: internal error: B's column sums in a " + c_.str() + " GEMM (gemm_sums_b)");
     // A unit's K steps: the whole tile's, or a stream-K run's part of it.
     const std::string KB = sk ? "kb" : "0", KE = sk ? "ke" : "KT";
     std::string s = w_.head(prelude);
     s += "  constexpr int STAGES = " + S(c_.stages) + ", CONSUMERS = BM / WM;\n";
     // E: an element's bytes; a K step, BK of them, is a K-major row (128 bytes, or 64: sw64);
     // BOX: an M/N-major box's bytes (BK rows of 64 elements); KS: the K of one wgmma.
-    const bool sw64 = c_.bk * int(info(d_).bytes) == 64;
+    const bool sw64 = wgmma_sw64(c_, int(info(d_).bytes));
     s += "  constexpr uint32_t E = " + S(int(info(d_).bytes)) + ", A_STAGE = BM * BK * E, B_STAGE = BN * BK * E, BOX = BK * 128;\n"
          "  constexpr int KS = 32 / E;\n";
     s += "  extern __shared__ __align__(128) unsigned char kiln_smem[];\n";

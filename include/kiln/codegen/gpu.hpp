@@ -117,14 +117,6 @@ struct GpuVariant {
 // Whether a GEMM of config c can sum a matrix's columns as it stores it (GpuVariant::colsum_slot):
 // the wgmma kind, not stream-K (whose workspace is the tiles' hand-over).
 inline bool gemm_sums_columns(const GemmConfig& c) { return c.kind == GemmKind::wgmma && !(c.persistent && c.stream_k); }
-// Whether a GEMM of config c over operands o in dtype d can sum its B operand's columns over K
-// (GpuVariant::colsum_of_b): the wgmma kind, whose producer warpgroup has idle warps (not the
-// split epilogue's), the first tile row's blocks each owning whole columns of B (not stream-K),
-// B read in place N-major in 16 bits (TF32 stages B K-major), K steps of 64 (its 128-byte rows).
-inline bool gemm_sums_b(const GemmConfig& c, const GemmOperands& o, DType d) {
-  return c.kind == GemmKind::wgmma && !c.split_epilogue && !(c.persistent && c.stream_k) && !o.b_k_major && c.bk == 64 &&
-         (d == DType::bf16 || d == DType::f16);
-}
 
 // The workspace words an argument struct ends with (GpuVariant::workspace): partials, counters.
 inline constexpr int kGpuSplitWords = 2;

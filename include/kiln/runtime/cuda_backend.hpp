@@ -61,7 +61,7 @@ struct CudaDeviceApi : GpuDeviceApi<DeviceKind::cuda, codegen::GpuDialect::cuda>
         base = reinterpret_cast<void*>(staged[slot]);
         strides[0] = uint64_t(s.pitch) * es, strides[1] = uint64_t(s.rows * s.pitch) * es;
       }
-      const bool sw64 = k_major && uint64_t(v.gemm.bk) * es == 64;
+      const bool sw64 = k_major && codegen::wgmma_sw64(v.gemm, int(es));
       unsigned box[3] = {k_major ? unsigned(v.gemm.bk) : unsigned(128 / es), k_major ? k_major_rows : unsigned(v.gemm.bk), 1}, unit[3] = {1, 1, 1};
       // NOTE: an L2 promotion of 256 B (DeepGEMM's) instead of 128 B made no difference to W4's
       // GEMMs or step on an H200 (docs/benchmarks.md, twenty-sixth session).
