@@ -25,6 +25,8 @@
 // kernels and by the GEMMs that store dh and dy (kiln::gemm_column_sums, off by default), alternated.
 // KILN_BENCH_OPSUM_AB=1 (with KILN_BENCH_ONLY=w4): the W4 step with db1 and db2 summed by rows kernels
 // and by the dW GEMMs from their B operands (kiln::gemm_operand_sums, off by default), alternated.
+// KILN_BENCH_PDL_AB=1: (with KILN_BENCH_ONLY=w4) the W4 step, (rows) W7, with each kernel launched plainly and as a
+// programmatic dependent of the one before it (kiln::programmatic_launch, off by default), alternated.
 #include <kiln/kiln.hpp>
 #include <kiln/runtime/cuda_backend.hpp>
 
@@ -725,24 +727,31 @@ static std::string w4_step_bench() {
     };
     for (int r = 0; r < 3; ++r) std::printf("W4's six GEMMs, plain, round %d: back to back %8.3f ms\n", r, loop_ms(six, 100));
   }
-  if (std::getenv("KILN_BENCH_OVERLAP_AB")) {  // the step's kernels one after another, and overlapped (kiln::kernel_overlap)
+  // A switch that decides a call's launches, not its kernels, off and on alternated, three
+  // rounds: the launches it counts, the step's times (and as a graph), and whether dW1
+  // (downstream of every kernel) stays bit for bit; then `after`.
+  auto launch_ab = [&](const char* what, void (*set)(bool), bool after, uint64_t Counters::*counted) {
     for (int r = 0; r < 3; ++r)
       for (bool on : {false, true}) {
-        set_kernel_overlap(on);
+        set(on);
         Counters c = counters();
         auto o = evaluate_step(Mode::fused, st);
-        const uint64_t beside = counters().kernels_overlapped - c.kernels_overlapped;
-        const bool same = std::get<2>(o).to_vector() == std::get<2>(out).to_vector();  // dW1: downstream of every kernel
+        const uint64_t n = counters().*counted - c.*counted;
+        const bool same = std::get<2>(o).to_vector() == std::get<2>(out).to_vector();
         double loop = loop_ms(fused_step, 100), flushed = time_ms(fused_step, 10);
         double anchor = anchor_ms(fused_step);
         double graph = loop_ms([&] { auto o = evaluate_step(Mode::reduce_overhead, st); }, 100);
-        std::printf("W4 fused, round %d, kernel overlap %-3s (%llu kernels beside) back to back %8.3f ms, flushed %8.3f ms, as torch_anchor.py times %8.3f ms; "
-                    "reduce-overhead back to back %8.3f ms; dW1 %s\n",
-                    r, on ? "on" : "off", (unsigned long long)beside, loop, flushed, anchor, graph, same ? "bit for bit" : "DIFFERS");
+        std::printf("W4 fused, round %d, %s %-3s (%llu kernels) back to back %8.3f ms, flushed %8.3f ms, as torch_anchor.py times "
+                    "%8.3f ms; reduce-overhead back to back %8.3f ms; dW1 %s\n",
+                    r, what, on ? "on" : "off", (unsigned long long)n, loop, flushed, anchor, graph, same ? "bit for bit" : "DIFFERS");
         std::fflush(stdout);
       }
-    set_kernel_overlap(true);
-  }
+    set(after);
+  };
+  if (std::getenv("KILN_BENCH_OVERLAP_AB"))  // the step's kernels one after another, and overlapped
+    launch_ab("kernel overlap", set_kernel_overlap, true, &Counters::kernels_overlapped);
+  if (std::getenv("KILN_BENCH_PDL_AB"))  // each kernel started as the one before it ends
+    launch_ab("programmatic launch", set_programmatic_launch, false, &Counters::kernels_programmatic);
   // A switch that decides the step's kernels, off and on alternated, three rounds: the kernels
   // launched, the step's times and what `check` says of db1 and db2; then `after`.
   auto sums_ab = [&](const char* what, void (*set)(bool), bool after, const auto& check) {
@@ -1212,6 +1221,23 @@ int main(int argc, char** argv) {
                 "(reduce-overhead: %llu replays, %llu graphs built, %llu node updates; max rel. diff from fused %.1e)\n",
                 h.w7_us, h.w7_eager_us, h.w7_ro_us, kernel_count(Mode::fused, mlp()), (unsigned long long)h.w7_ro_calls,
                 (unsigned long long)h.w7_ro_built, (unsigned long long)h.w7_ro_updates, err);
+    if (std::getenv("KILN_BENCH_PDL_AB")) {  // W7's kernels started as the one before ends (kiln::programmatic_launch), off and on
+      for (int r = 0; r < 3; ++r)
+        for (bool on : {false, true}) {
+          set_programmatic_launch(on);
+          Counters c = counters();
+          Tensor<f32, 2> o = mlp();
+          const uint64_t early = counters().kernels_programmatic - c.kernels_programmatic;
+          const bool same = o.to_vector() == want.to_vector();
+          double fused = wall_us([&] { Tensor<f32, 2> q = mlp(); }, 500), eager = wall_us([&] { auto q = eval_eager(mlp()); }, 500);
+          double graph = wall_us([&] { Tensor<f32, 2> q = evaluate(Mode::reduce_overhead, mlp()); }, 500);
+          std::printf("W7 round %d, programmatic launch %-3s (%llu of a call's kernels early) fused %.1f us/call, eager %.1f us/call, "
+                      "reduce-overhead %.1f us/call; %s\n",
+                      r, on ? "on" : "off", (unsigned long long)early, fused, eager, graph, same ? "bit for bit" : "DIFFERS");
+          std::fflush(stdout);
+        }
+      set_programmatic_launch(false);
+    }
     if (std::getenv("KILN_BENCH_W7_SWEEP")) {  // W7 in reduce-overhead with each SIMT config forced on its three GEMMs
       using K = codegen::GemmKind;
       std::vector<codegen::GemmConfig> configs = codegen::gemm_candidates(DType::f32, 0);  // arch 0: the SIMT ones

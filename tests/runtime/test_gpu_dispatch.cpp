@@ -876,3 +876,57 @@ TEST_CASE("GPU dispatch: a training step's large independent kernels overlap on 
   check_ordered(run(Mode::reduce_overhead, small), dev);
   CHECK(unordered() == 0);
 }
+
+TEST_CASE("GPU dispatch: kiln::programmatic_launch starts each kernel of a call early on sm_90 and later; every generated kernel "
+          "and in a graph; every generated kernel waits for the one before it first") {
+  KILN_TEST_RNG(rng);
+  FakeGpuBackend backend;
+  FakeGpuDevice& dev = FakeGpuApi::device(0);  // an sm_90
+  const auto st = w4_step(rng, 2048, 2048, 4096);
+  auto early = [&] { return size_t(std::count_if(dev.launched.begin(), dev.launched.end(), [](const auto& l) { return l.programmatic; })); };
+  Counters c0 = counters();
+  w4_dispatch(backend, st);
+  CHECK(early() == 0);  // off by default
+  CHECK(counters().kernels_programmatic == c0.kernels_programmatic);
+  set_programmatic_launch(true);
+  struct Off {
+    ~Off() { set_programmatic_launch(false); }
+  } off;
+  c0 = counters();
+  Dispatch d = w4_dispatch(backend, st);  // in the same order (check_ordered), on the same streams
+  CHECK(d.loads == 0);                    // the same programs: the switch decides launches, not kernels
+  CHECK(early() == dev.launched.size());
+  CHECK(counters().kernels_programmatic - c0.kernels_programmatic == dev.launched.size());
+  CHECK(std::count_if(dev.launched.begin(), dev.launched.end(), [](const auto& l) { return l.stream == 1; }) >= 2);
+  {
+    Sm80 sm80(dev);  // griddepcontrol is sm_90's: plain launches before it
+    FakeGpuBackend backend80;  // (a backend reads a device's facts once)
+    c0 = counters();
+    w4_dispatch(backend80, st);
+    CHECK(early() == 0);
+    CHECK(counters().kernels_programmatic == c0.kernels_programmatic);
+  }
+  // In a graph (reduce-overhead) the edge from the node before on the same stream is
+  // programmatic: every node but the first on each stream.
+  auto graph = [&] { return std::apply([&](const auto&... o) { return dispatch_in(Mode::reduce_overhead, backend, 0, o...); }, st); };
+  c0 = counters();
+  check_ordered(graph(), dev);
+  const size_t streams = counters().kernels_overlapped > c0.kernels_overlapped ? 2 : 1;  // a side branch
+  CHECK(early() == dev.launched.size() - streams);
+  CHECK(counters().kernels_programmatic - c0.kernels_programmatic == dev.launched.size() - streams);
+  set_programmatic_launch(false);
+  c0 = counters();
+  check_ordered(graph(), dev);  // rebuilt with plain edges
+  CHECK(early() == 0);
+  CHECK(counters().kernels_programmatic == c0.kernels_programmatic);
+  // Every kernel of every program loaded (GEMMs, staging, rows, pointwise; sm_80's and sm_90's)
+  // waits before it touches memory.
+  size_t kernels = 0;
+  for (const auto& m : dev.modules)
+    for (size_t at = m.source.find("__global__"); at != std::string::npos; at = m.source.find("__global__", at + 1), ++kernels) {
+      const size_t body = m.source.find(") {\n", at);
+      REQUIRE(body != std::string::npos);
+      CHECK(m.source.compare(body + 4, 21, "  kiln_grid_begin();\n") == 0);
+    }
+  CHECK(kernels >= 9);
+}

@@ -40,6 +40,27 @@ Want reference(const Array& x, const Array& w, const Array& b) {
   return {y, s, y_scale, s_scale};
 }
 
+// W4's step (bench/w4.hpp) at a size where each GEMM and the [M, H] kernels are large enough
+// to overlap (runtime::StreamSchedule): the backward's five kernels after dh read nothing of
+// each other. run(mode): the loss and the five gradients' values.
+struct W4Step {
+  static constexpr int64_t M = 2048, K = 2048, H = 4096;
+  Input<bf16, 2> x, W1, W2;
+  Input<bf16, 1> b1, b2;
+  explicit W4Step(Rng& rng)
+      : x(input<bf16, 2>(rng, Shape<2>{M, K})), W1(input<bf16, 2>(rng, Shape<2>{K, H})), W2(input<bf16, 2>(rng, Shape<2>{H, K})),
+        b1(input<bf16, 1>(rng, Shape<1>{H})), b2(input<bf16, 1>(rng, Shape<1>{K})) {}
+  std::vector<std::vector<double>> run(Mode mode) const {
+    auto yf = cast<f32>(matmul(gelu(matmul(x.t, W1.t) + b1.t), W2.t) + b2.t);
+    auto loss = mean(yf * yf);
+    auto [gx, gW1, gb1, gW2, gb2] = kiln::grad(loss, x.t, W1.t, b1.t, W2.t, b2.t);
+    auto out = evaluate(mode, loss, gx, gW1, gb1, gW2, gb2);
+    std::vector<std::vector<double>> values;
+    std::apply([&](const auto&... t) { (values.push_back(t.to_vector()), ...); }, out);
+    return values;
+  }
+};
+
 }  // namespace
 
 TEST_CASE("reduce-overhead: fused mode's numbers; one graph, replayed, updated for new inputs, rebuilt for new sizes") {
@@ -164,23 +185,13 @@ TEST_CASE("kernel overlap: a large training step's kernels on two streams (and a
     return;
   }
   KILN_TEST_RNG(rng);
-  // W4's step (bench/w4.hpp) where each GEMM and the [M, H] kernels are large enough to
-  // overlap (runtime::StreamSchedule): the backward's five kernels after dh read nothing of
-  // each other.
-  const int64_t M = 2048, K = 2048, H = 4096;
-  auto x = input<bf16, 2>(rng, Shape<2>{M, K}), W1 = input<bf16, 2>(rng, Shape<2>{K, H}), W2 = input<bf16, 2>(rng, Shape<2>{H, K});
-  auto b1 = input<bf16, 1>(rng, Shape<1>{H}), b2 = input<bf16, 1>(rng, Shape<1>{K});
+  const W4Step step(rng);
   auto run = [&](Mode mode, bool overlap) {
     set_kernel_overlap(overlap);
-    auto yf = cast<f32>(matmul(gelu(matmul(x.t, W1.t) + b1.t), W2.t) + b2.t);
-    auto loss = mean(yf * yf);
-    auto [gx, gW1, gb1, gW2, gb2] = kiln::grad(loss, x.t, W1.t, b1.t, W2.t, b2.t);
     auto c0 = counters();
-    auto out = evaluate(mode, loss, gx, gW1, gb1, gW2, gb2);
+    auto values = step.run(mode);
     const uint64_t overlapped = counters().kernels_overlapped - c0.kernels_overlapped;
     set_kernel_overlap(true);
-    std::vector<std::vector<double>> values;
-    std::apply([&](const auto&... t) { (values.push_back(t.to_vector()), ...); }, out);
     return std::pair{values, overlapped};
   };
   const auto [alone, none] = run(Mode::fused, false);
@@ -195,6 +206,50 @@ TEST_CASE("kernel overlap: a large training step's kernels on two streams (and a
     for (size_t i = 0; i < alone.size(); ++i) {
       CAPTURE(i);
       CHECK(beside[i] == alone[i]);
+    }
+  }
+}
+
+TEST_CASE("programmatic launch: kernels that start before the kernel before them ends give plain launches' numbers bit for bit") {
+  if (default_device().kind != DeviceKind::cuda) {
+    MESSAGE("not a CUDA device: programmatic launch is CUDA's (sm_90 and later): skipped");
+    return;
+  }
+  const bool sm90 = cu::cuda_device(default_device().index).properties().cc_major >= 9;
+  if (!sm90) MESSAGE("an older GPU than sm_90: every launch stays plain (checked)");
+  KILN_TEST_RNG(rng);
+  // W4's step: in eager mode a chain of dozens of kernels, each reading the one before (rows
+  // kernels with split rows and their counters among them), in fused mode 9 with GEMMs on two
+  // streams, in reduce-overhead those 9 as a graph with programmatic edges.
+  const W4Step step(rng);
+  auto run = [&](Mode mode, bool early) {
+    set_programmatic_launch(early);
+    auto c0 = counters();
+    std::vector<std::vector<double>> values;
+    for (int call = 0; call < 3; ++call) {  // back to back: each call's first kernel after the last one's
+      auto v = step.run(mode);
+      values.insert(values.end(), v.begin(), v.end());
+    }
+    const uint64_t started_early = counters().kernels_programmatic - c0.kernels_programmatic;
+    const uint64_t launched = counters().kernels_launched - c0.kernels_launched;
+    set_programmatic_launch(false);
+    return std::tuple{values, started_early, launched};
+  };
+  for (Mode mode : {Mode::eager, Mode::fused, Mode::reduce_overhead}) {
+    CAPTURE(int(mode));
+    const auto [plain, none, n0] = run(mode, false);
+    CHECK(none == 0);
+    const auto [early, started_early, n1] = run(mode, true);
+    CHECK(n1 == n0);
+    if (mode != Mode::reduce_overhead) CHECK(started_early == (sm90 ? n1 : 0));
+    // a graph: every node but each branch's first, where the driver has programmatic edges
+    else if (sm90 && cu::driver().cuGraphAddDependencies && cu::CudaGraph::supported()) CHECK((started_early > 0 && started_early < n1));
+    else CHECK(started_early == 0);
+    REQUIRE(early.size() == plain.size());
+    for (size_t i = 0; i < plain.size(); ++i) {
+      CAPTURE(i);
+      CHECK(std::isfinite(plain[i][0]));
+      CHECK(early[i] == plain[i]);
     }
   }
 }

@@ -47,6 +47,7 @@ struct FakeGpuDevice {
     std::vector<uint64_t> words;
     int stream = 0;
     std::vector<size_t> after;
+    bool programmatic = false;  // may start before the launch before it on its stream ends (sm_90 and later)
   };
   // Per stream, the launches finished before its next one starts (the streams' order and the
   // events it waited for); kept while `record` is on.
@@ -56,15 +57,18 @@ struct FakeGpuDevice {
     FakeGpuDevice* device = nullptr;
     const Module* module = nullptr;
     std::string name;
-    void launch(Dim3 grid, Dim3 block, unsigned shared_bytes, void** params, const LazyText&, void* stream) const {
+    void launch(Dim3 grid, Dim3 block, unsigned shared_bytes, void** params, const LazyText&, void* stream,
+                bool programmatic = false) const {
       if (device->fail_launch == device->launches)
         throw Error("kiln: cuLaunchKernel of '" + name + "' failed: CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES (fake driver)");
       kiln::detail::counters_state().kernels_launched.fetch_add(1, std::memory_order_relaxed);
+      programmatic = programmatic && device->props.cc_major >= 9;  // as the CUDA runtime decides
+      if (programmatic) kiln::detail::counters_state().kernels_programmatic.fetch_add(1, std::memory_order_relaxed);
       ++device->launches;
       if (!device->record) return;
       size_t i = device->launched.size();
       const int s = stream == side ? 1 : 0;
-      Launch& l = device->launched.emplace_back(Launch{module, name, grid, block, shared_bytes, {}, s, device->done_before[s]});
+      Launch& l = device->launched.emplace_back(Launch{module, name, grid, block, shared_bytes, {}, s, device->done_before[s], programmatic});
       device->done_before[s].push_back(i);
       const auto* block_words = static_cast<const uint64_t*>(params[0]);
       if (i < device->record_words.size()) l.words.assign(block_words, block_words + device->record_words[i]);
@@ -175,9 +179,11 @@ struct FakeGpuApi : runtime::GpuDeviceApi<DeviceKind::cpu, codegen::GpuDialect::
     };
     bool built() const { return device != nullptr; }
     static inline int fail_builds = 0;  // the next this many builds fail, as a driver's may (out of memory)
-    void build(FakeGpuDevice& dev, const std::vector<Launch>& launches, const std::vector<std::vector<size_t>>& after_nodes = {}) {
+    void build(FakeGpuDevice& dev, const std::vector<Launch>& launches, const std::vector<std::vector<size_t>>& after_nodes = {},
+               const std::vector<uint8_t>& early_nodes = {}) {
       device = nullptr;
       after = after_nodes;
+      early = dev.props.cc_major >= 9 ? early_nodes : std::vector<uint8_t>{};  // as CudaGraph::build decides
       if (fail_builds > 0) {
         --fail_builds;
         throw Error("kiln: building the CUDA graph of " + std::to_string(launches.size()) +
@@ -187,6 +193,12 @@ struct FakeGpuApi : runtime::GpuDeviceApi<DeviceKind::cpu, codegen::GpuDialect::
       nodes.clear();
       for (size_t i = 0; i < launches.size(); ++i) nodes.push_back(node(i, launches[i]));
     }
+    // Nodes whose first edge is programmatic (they may start before the node they follow ends).
+    size_t early_edges() const {
+      size_t e = 0;
+      for (size_t i = 0; i < nodes.size(); ++i) e += nodes[i].programmatic;
+      return e;
+    }
     void set_params(size_t i, const Launch& l) {
       if (fail_updates > 0) {
         --fail_updates;
@@ -195,7 +207,7 @@ struct FakeGpuApi : runtime::GpuDeviceApi<DeviceKind::cpu, codegen::GpuDialect::
       nodes.at(i) = node(i, l);
     }
     static inline int fail_updates = 0;  // the next this many node updates fail
-    void reset() noexcept { device = nullptr, nodes.clear(), after.clear(); }
+    void reset() noexcept { device = nullptr, nodes.clear(), after.clear(), early.clear(); }
     // On the device's stream: each node after what the stream finished before the graph and
     // after the nodes its edges name (each after the one before where the graph has no edges).
     void launch() const {
@@ -220,10 +232,12 @@ struct FakeGpuApi : runtime::GpuDeviceApi<DeviceKind::cpu, codegen::GpuDialect::
     FakeGpuDevice* device = nullptr;
     std::vector<FakeGpuDevice::Launch> nodes;
     std::vector<std::vector<size_t>> after;
+    std::vector<uint8_t> early;
 
    private:
     FakeGpuDevice::Launch node(size_t i, const Launch& l) const {
-      FakeGpuDevice::Launch n{l.fn.module, l.fn.name, l.grid, l.block, l.shared_bytes, {}, 0, {}};
+      FakeGpuDevice::Launch n{l.fn.module, l.fn.name, l.grid, l.block, l.shared_bytes, {}, 0, {},
+                              i < early.size() && early[i] && (after.empty() ? i > 0 : !after[i].empty())};
       const auto* words = static_cast<const uint64_t*>(l.params[0]);
       if (i < device->record_words.size()) n.words.assign(words, words + device->record_words[i]);
       return n;

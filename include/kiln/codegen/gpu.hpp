@@ -185,6 +185,7 @@ class GpuKernelWriter {
               ? ", const __grid_constant__ KilnTensorMap tma_a, const __grid_constant__ KilnTensorMap tma_b"
               : "") +
          ") {\n";
+    s += "  kiln_grid_begin();\n";  // before any memory (kiln::programmatic_launch)
     s += "  void* const* P = args.p; const int64_t* M = args.m; const uint64_t* A = args.a; (void)P; (void)A;\n";
     if (k_.kind == sched::KernelKind::matmul) return s + matmul() + "}\n" + (v_.stage ? stage_kernel() : "");
     s += v_.rank ? "  constexpr int nd = " + std::to_string(v_.rank) + ", no = " + std::to_string(v_.outer_rank) + "; (void)no;\n"
@@ -874,6 +875,7 @@ class GpuKernelWriter {
   // The operand's strides are the matmul meta's (slot 0: A [M, K], slot 1: B [K, N]).
   std::string stage_kernel() const {
     std::string s = "extern \"C\" __global__ void __launch_bounds__(256) " + name_ + "_stage(const " + name_ + "_args args) {\n";
+    s += "  kiln_grid_begin();\n";
     s += "  const int64_t* M = args.m;\n  const int nd = (int)M[0];\n  const int64_t K = M[1], KP = (K + 3) / 4 * 4;\n";
     s += "  int64_t t = blockIdx.x;\n";
     for (int o = 0; o < 2; ++o) {

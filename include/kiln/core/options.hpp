@@ -36,6 +36,16 @@
 //                    kernels, not the plan. NOTE: off until it has run on a GPU: written and
 //                    compiled through NVRTC in the thirty-fifth session, which got no device
 //                    time for its tests and its timing (docs/benchmarks.md).
+//   programmatic_launch on an NVIDIA GPU of sm_90 or later, each generated kernel is launched
+//                    so that it may start before the kernel before it on its stream has
+//                    finished (programmatic dependent launch): its blocks take the SMs that
+//                    kernel's last wave leaves, and wait (griddepcontrol.wait, the kernel's
+//                    first statement) until that kernel's memory is visible; so the gap
+//                    between two kernels is not a launch. Off by default; KILN_PROGRAMMATIC_LAUNCH=1.
+//                    Decides each call's launches, not its kernels (every generated kernel
+//                    waits; without the launch attribute the wait returns at once). NOTE: off
+//                    until it has run on a GPU: written in the thirty-seventh session, which
+//                    got no device time.
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -70,6 +80,10 @@ inline std::atomic<bool>& gemm_operand_sums_flag() {
   static std::atomic<bool> on{env_switch("KILN_GEMM_OPERAND_SUMS", false)};
   return on;
 }
+inline std::atomic<bool>& programmatic_launch_flag() {
+  static std::atomic<bool> on{env_switch("KILN_PROGRAMMATIC_LAUNCH", false)};
+  return on;
+}
 }  // namespace detail
 
 inline bool allow_tf32() { return detail::allow_tf32_flag().load(std::memory_order_relaxed); }
@@ -86,6 +100,9 @@ inline void set_gemm_column_sums(bool on) { detail::gemm_column_sums_flag().stor
 
 inline bool gemm_operand_sums() { return detail::gemm_operand_sums_flag().load(std::memory_order_relaxed); }
 inline void set_gemm_operand_sums(bool on) { detail::gemm_operand_sums_flag().store(on, std::memory_order_relaxed); }
+
+inline bool programmatic_launch() { return detail::programmatic_launch_flag().load(std::memory_order_relaxed); }
+inline void set_programmatic_launch(bool on) { detail::programmatic_launch_flag().store(on, std::memory_order_relaxed); }
 
 // The switches that decide a plan, as one word of bits for plans' keys.
 inline constexpr uint8_t kPlanEpiloguesApart = 1;  // epilogue_fusion() is off

@@ -70,6 +70,36 @@ struct KernelNodeParams {
   CUcontext ctx = nullptr;
 };
 
+// CUlaunchConfig and one CUlaunchAttribute (cuda.h's layouts), what cuLaunchKernelEx takes.
+// kiln sets one attribute: CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (the kernel
+// may start before the kernel before it on its stream has finished; kiln::programmatic_launch).
+inline constexpr int kLaunchAttributeProgrammaticStreamSerialization = 6;
+struct LaunchAttribute {
+  int id = 0;
+  char pad[4] = {};
+  union Value {
+    char bytes[64];
+    int i;
+    void* align;  // the union holds pointers (events): 8-byte aligned
+  } value{};
+};
+struct LaunchConfig {
+  unsigned grid_x = 1, grid_y = 1, grid_z = 1, block_x = 1, block_y = 1, block_z = 1, shared_bytes = 0;
+  CUstream stream = nullptr;
+  LaunchAttribute* attrs = nullptr;
+  unsigned attr_count = 0;
+};
+static_assert(sizeof(void*) != 8 || (sizeof(LaunchAttribute) == 72 && sizeof(LaunchConfig) == 56),
+              "kiln: LaunchAttribute / LaunchConfig must match cuda.h's CUlaunchAttribute / CUlaunchConfig");
+// CUgraphEdgeData: a graph's programmatic edge (the downstream kernel may start once every
+// block of the upstream one has run griddepcontrol.launch_dependents, or ended; it waits for
+// the upstream kernel's memory with griddepcontrol.wait) is from port 1
+// (CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC), type 1 (CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC).
+struct GraphEdgeData {
+  unsigned char from_port = 0, to_port = 0, type = 0, reserved[5] = {};
+};
+inline constexpr GraphEdgeData kProgrammaticEdge{1, 0, 1, {}};
+
 // CUresult values kiln tests for by name.
 inline constexpr CUresult kSuccess = 0;
 inline constexpr CUresult kErrorInvalidValue = 1;
@@ -151,6 +181,8 @@ struct DriverApi {
   CUresult (*cuModuleUnload)(CUmodule) = nullptr;
   CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                              CUstream, void**, void**) = nullptr;
+  // Optional (CUDA 12+ drivers; null where missing: every launch is a plain one).
+  CUresult (*cuLaunchKernelEx)(const LaunchConfig*, CUfunction, void**, void**) = nullptr;
   CUresult (*cuFuncGetAttribute)(int*, int, CUfunction) = nullptr;
   CUresult (*cuFuncSetAttribute)(CUfunction, int, int) = nullptr;
   CUresult (*cuOccupancyMaxActiveBlocksPerMultiprocessor)(int*, CUfunction, int, size_t) = nullptr;
@@ -172,6 +204,8 @@ struct DriverApi {
   // Optional (CUDA 12+ drivers; null where missing: Mode::reduce_overhead launches kernel by kernel).
   CUresult (*cuGraphCreate)(CUgraph*, unsigned) = nullptr;
   CUresult (*cuGraphAddKernelNode)(CUgraphNode*, CUgraph, const CUgraphNode*, size_t, const KernelNodeParams*) = nullptr;  // _v2
+  // Optional (CUDA 12.3+ drivers; null where missing: a graph's edges wait for whole kernels).
+  CUresult (*cuGraphAddDependencies)(CUgraph, const CUgraphNode*, const CUgraphNode*, const GraphEdgeData*, size_t) = nullptr;  // _v2
   CUresult (*cuGraphInstantiate)(CUgraphExec*, CUgraph, unsigned long long) = nullptr;  // cuGraphInstantiateWithFlags
   CUresult (*cuGraphExecKernelNodeSetParams)(CUgraphExec, CUgraphNode, const KernelNodeParams*) = nullptr;  // _v2
   CUresult (*cuGraphLaunch)(CUgraphExec, CUstream) = nullptr;
@@ -300,8 +334,10 @@ inline bool load_driver_library(const char* path, DriverApi& api, std::string& w
   }
   std::string optional;
   detail::bind_symbol(lib, api.cuTensorMapEncodeTiled, {"cuTensorMapEncodeTiled"}, optional);
+  detail::bind_symbol(lib, api.cuLaunchKernelEx, {"cuLaunchKernelEx"}, optional);
   detail::bind_symbol(lib, api.cuGraphCreate, {"cuGraphCreate"}, optional);
   detail::bind_symbol(lib, api.cuGraphAddKernelNode, {"cuGraphAddKernelNode_v2"}, optional);
+  detail::bind_symbol(lib, api.cuGraphAddDependencies, {"cuGraphAddDependencies_v2"}, optional);
   detail::bind_symbol(lib, api.cuGraphInstantiate, {"cuGraphInstantiateWithFlags"}, optional);
   detail::bind_symbol(lib, api.cuGraphExecKernelNodeSetParams, {"cuGraphExecKernelNodeSetParams_v2"}, optional);
   detail::bind_symbol(lib, api.cuGraphLaunch, {"cuGraphLaunch"}, optional);

@@ -127,9 +127,13 @@ class CudaFunction {
   // Launches on `stream` (nullptr: the device's stream). `args` points at each
   // kernel argument, as cuLaunchKernel takes them. `describe` (shapes, sizes) is
   // put into any error. Dynamic shared memory above 48 KiB is opted into once per
-  // kernel. Counts kernels_launched. In sync mode, waits and checks.
+  // kernel. Counts kernels_launched. In sync mode, waits and checks. `programmatic`: on
+  // sm_90 and later (and a driver with cuLaunchKernelEx) the kernel may start before the
+  // kernel before it on `stream` has finished; it must wait for it (griddepcontrol.wait)
+  // before it touches memory, as every generated kernel does (kiln_grid_begin). Counts
+  // kernels_programmatic.
   inline void launch(Dim3 grid, Dim3 block, unsigned shared_bytes, void** args, const LazyText& describe = {},
-                     CUstream stream = nullptr) const;
+                     CUstream stream = nullptr, bool programmatic = false) const;
 
   // Lets launches ask for up to `bytes` of dynamic shared memory (up to the
   // device's opt-in limit minus the kernel's static shared memory).
@@ -496,7 +500,7 @@ inline void CudaFunction::set_max_dynamic_shared_memory(int bytes) const {
 }
 
 inline void CudaFunction::launch(Dim3 grid, Dim3 block, unsigned shared_bytes, void** args,
-                                 const LazyText& describe, CUstream stream) const {
+                                 const LazyText& describe, CUstream stream, bool programmatic) const {
   const detail::KernelState& k = state();
   if (static_cast<int>(shared_bytes) > k.dynamic_shared_limit.load(std::memory_order_relaxed)) {
     set_max_dynamic_shared_memory(static_cast<int>(shared_bytes));
@@ -505,9 +509,18 @@ inline void CudaFunction::launch(Dim3 grid, Dim3 block, unsigned shared_bytes, v
   dev.make_current();
   CUstream s = stream != nullptr ? stream : dev.stream();
   const DriverApi& api = driver();
-  CUresult r = api.cuLaunchKernel(k.function, grid.x, grid.y, grid.z, block.x, block.y, block.z, shared_bytes, s,
-                                  args, nullptr);
-  if (r != kSuccess) check(r, "cuLaunchKernel of " + detail::launch_text(k, grid, block, shared_bytes, describe));
+  CUresult r;
+  if (programmatic && api.cuLaunchKernelEx && dev.properties().cc_major >= 9) {
+    LaunchAttribute attr;
+    attr.id = kLaunchAttributeProgrammaticStreamSerialization, attr.value.i = 1;
+    LaunchConfig c{grid.x, grid.y, grid.z, block.x, block.y, block.z, shared_bytes, s, &attr, 1};
+    r = api.cuLaunchKernelEx(&c, k.function, args, nullptr);
+    if (r != kSuccess) check(r, "cuLaunchKernelEx (programmatic) of " + detail::launch_text(k, grid, block, shared_bytes, describe));
+    ::kiln::detail::counters_state().kernels_programmatic.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    r = api.cuLaunchKernel(k.function, grid.x, grid.y, grid.z, block.x, block.y, block.z, shared_bytes, s, args, nullptr);
+    if (r != kSuccess) check(r, "cuLaunchKernel of " + detail::launch_text(k, grid, block, shared_bytes, describe));
+  }
   ::kiln::detail::counters_state().kernels_launched.fetch_add(1, std::memory_order_relaxed);
   dev.note_launch(&k.name);
   if (sync_mode()) {
@@ -642,11 +655,17 @@ class CudaGraph {
   ~CudaGraph() { reset(); }
 
   bool built() const { return exec_ != nullptr; }
+  // The programmatic edges build() made (nodes that may start before the node they follow ends).
+  size_t early_edges() const { return early_edges_; }
 
   // Replaces the graph by `launches` on `dev`: launch i after the earlier launches after[i]
-  // names, or, where `after` is empty, each after the one before. On failure nothing is left
-  // built (the next call builds again) and the error names the kernel.
-  void build(CudaDevice& dev, const std::vector<Launch>& launches, const std::vector<std::vector<size_t>>& after = {}) {
+  // names, or, where `after` is empty, each after the one before. Where early[i] is set, the
+  // first of those edges is programmatic (sm_90 and later, a CUDA 12.3+ driver: launch i may
+  // start before that kernel ends, and waits for it first, as every generated kernel does;
+  // kiln::programmatic_launch). On failure nothing is left built (the next call builds again)
+  // and the error names the kernel.
+  void build(CudaDevice& dev, const std::vector<Launch>& launches, const std::vector<std::vector<size_t>>& after = {},
+             const std::vector<uint8_t>& early = {}) {
     reset();
     const DriverApi& api = driver();
     dev.make_current();
@@ -658,17 +677,25 @@ class CudaGraph {
                    std::to_string(dev.ordinal()) + ": " + what);
     };
     if (CUresult r = api.cuGraphCreate(&graph_, 0); r != kSuccess) fail(r, "cuGraphCreate");
+    const bool can_start_early = api.cuGraphAddDependencies && dev.properties().cc_major >= 9;
     std::vector<CUgraphNode> deps;
     for (const Launch& l : launches) {
       KernelNodeParams p = params(l);
+      const size_t i = nodes_.size();
       deps.clear();
       if (after.empty() && !nodes_.empty()) deps.push_back(nodes_.back());
       if (!after.empty())
-        for (size_t d : after[nodes_.size()]) deps.push_back(nodes_.at(d));
+        for (size_t d : after[i]) deps.push_back(nodes_.at(d));
+      const bool e = can_start_early && i < early.size() && early[i] && !deps.empty();
       CUgraphNode node = nullptr;
-      if (CUresult r = api.cuGraphAddKernelNode(&node, graph_, deps.data(), deps.size(), &p); r != kSuccess)
+      if (CUresult r = api.cuGraphAddKernelNode(&node, graph_, deps.data() + e, deps.size() - e, &p); r != kSuccess)
         fail(r, "cuGraphAddKernelNode of " + describe(l));
       nodes_.push_back(node);
+      if (e) {
+        if (CUresult r = api.cuGraphAddDependencies(graph_, &deps[0], &node, &kProgrammaticEdge, 1); r != kSuccess)
+          fail(r, "cuGraphAddDependencies (programmatic) to " + describe(l));
+        ++early_edges_;
+      }
     }
     if (CUresult r = api.cuGraphInstantiate(&exec_, graph_, 0); r != kSuccess) {
       exec_ = nullptr;
@@ -700,6 +727,7 @@ class CudaGraph {
     if (graph_) driver().cuGraphDestroy(graph_);
     exec_ = nullptr, graph_ = nullptr, device_ = nullptr, last_ = nullptr;
     nodes_.clear();
+    early_edges_ = 0;
   }
 
  private:
@@ -721,6 +749,7 @@ class CudaGraph {
   CUgraph graph_ = nullptr;
   CUgraphExec exec_ = nullptr;
   std::vector<CUgraphNode> nodes_;
+  size_t early_edges_ = 0;
   CudaDevice* device_ = nullptr;
   const std::string* last_ = nullptr;  // the last kernel's name (errors name it), stable for the process
 };

@@ -946,6 +946,9 @@ class GpuBackend final : public Backend {
     const auto& kernels = cp.plan.kernels;
     const size_t n = kernels.size();
     const bool profile = profiling();
+    // Each kernel may start before the one before it on its stream ends (kiln::programmatic_launch;
+    // not while profiling, whose events stand between the kernels).
+    const bool programmatic = programmatic_launch() && !profile;
     const StreamSchedule streams = schedule_streams(cp.plan, call, by_library);
     bool forked = false;
     auto join = [&] {
@@ -974,8 +977,8 @@ class GpuBackend final : public Backend {
         GpuLaunch staging;
         GpuLaunch L = prepare_launch(dev, kernels[k], cp.layouts[k], call.args[k], v, block, maps, staging);
         KernelDescription describe{&g, &kernels[k]};
-        if (v.stage) launch_one(*fns.stage[k], staging, block, maps, describe, stream);
-        launch_one(fns.main[k], L, block, maps, describe, stream);
+        if (v.stage) launch_one(*fns.stage[k], staging, block, maps, describe, stream, programmatic);
+        launch_one(fns.main[k], L, block, maps, describe, stream, programmatic);
         if (streams.used() && streams.record[k]) events[k].record(dev, stream);
         if (timer) timer->stop(stream), detail::profile_record(profile_label(g, cp, k, kernels[k]) + " " + variant_text(kernels[k], v), timer->elapsed_ms());
       }
@@ -992,10 +995,10 @@ class GpuBackend final : public Backend {
   }
   template <class Stream>
   static void launch_one(const Function& f, const GpuLaunch& L, std::vector<uint64_t>& block, TensorMaps& maps,
-                         KernelDescription& describe, Stream stream) {
+                         KernelDescription& describe, Stream stream, bool programmatic) {
     void* params[] = {block.data(), &maps.a, &maps.b};
     f.launch({L.grid.x, L.grid.y, L.grid.z}, {L.block.x, L.block.y, L.block.z}, L.shared_bytes, params,
-             LazyText{&KernelDescription::text, &describe}, stream);
+             LazyText{&KernelDescription::text, &describe}, stream, programmatic);
   }
 
   struct LastCall;
@@ -1044,11 +1047,19 @@ class GpuBackend final : public Backend {
       if (node.changed) node.block = st.block, node.maps = maps;
       node.fn = fn, node.launch = L;
     };
+    // Per node, whether the first node it follows is the one before it on its stream: that
+    // edge lets it start early (kiln::programmatic_launch), as a launch on that stream would.
+    std::vector<uint8_t> early;
+    const bool programmatic = programmatic_launch();
     auto follow = [&](size_t k) {
-      if (!streams.used()) return;
+      if (!streams.used()) {
+        early.push_back(programmatic && n > 1);
+        return;
+      }
       std::vector<size_t>& a = after.emplace_back();
       const int s = streams.side[k];
       side_nodes += s;
+      early.push_back(programmatic && last_on[s] >= 0);
       if (last_on[s] >= 0) a.push_back(size_t(last_on[s]));
       if (streams.wait[k] >= 0) a.push_back(node_of[size_t(streams.wait[k])]);
       last_on[s] = int(after.size()) - 1;
@@ -1065,6 +1076,7 @@ class GpuBackend final : public Backend {
     }
     if (n != st.nodes.size()) st.nodes.resize(n), same = false;
     if (after != st.after) st.after = std::move(after), same = false;
+    if (early != st.early) st.early = std::move(early), same = false;
     if (n == 0) return;  // every kernel empty: nothing to launch
     auto launch_of = [](GraphNode& node) {
       node.params = {node.block.data(), &node.maps.a, &node.maps.b};
@@ -1076,7 +1088,7 @@ class GpuBackend final : public Backend {
     if (!same) {
       std::vector<typename Api::Graph::Launch> launches;
       for (GraphNode& node : st.nodes) launches.push_back(launch_of(node));
-      st.graph.build(dev, launches, st.after);
+      st.graph.build(dev, launches, st.after, st.early);
       counters.graphs_built.fetch_add(1, std::memory_order_relaxed);
     } else {
       for (size_t i = 0; i < st.nodes.size(); ++i)
@@ -1085,6 +1097,7 @@ class GpuBackend final : public Backend {
     st.graph.launch();
     counters.graph_replays.fetch_add(1, std::memory_order_relaxed);
     counters.kernels_overlapped.fetch_add(side_nodes, std::memory_order_relaxed);
+    counters.kernels_programmatic.fetch_add(st.graph.early_edges(), std::memory_order_relaxed);
     counters.kernels_launched.fetch_add(n, std::memory_order_relaxed);
   }
 
@@ -1122,6 +1135,7 @@ class GpuBackend final : public Backend {
     typename Api::Graph graph;
     std::vector<GraphNode> nodes;
     std::vector<std::vector<size_t>> after;  // per node, the nodes it follows (empty: each the one before)
+    std::vector<uint8_t> early;              // per node, whether its first edge is programmatic (CudaGraph::build)
     std::vector<uint64_t> block;  // this call's, before it is compared
     TensorMaps maps{};
   };
@@ -1306,8 +1320,8 @@ class GpuBackend final : public Backend {
         GpuLaunch L = prepare_launch(dev, kernels[k], cp.layouts[k], call.args[k], v, block, maps, staging);
         KernelDescription describe{&g, &kernels[k]};
         return time_us(dev, [&] {  // a staging kernel is part of its config's time
-          if (stage) launch_one(*stage, staging, block, maps, describe, dev.stream());
-          launch_one(f, L, block, maps, describe, dev.stream());
+          if (stage) launch_one(*stage, staging, block, maps, describe, dev.stream(), false);
+          launch_one(f, L, block, maps, describe, dev.stream(), false);
         });
       });
       if (choice == Api::kLibraryGemm) by_library[k] = 1;

@@ -541,8 +541,9 @@ class HipFunction {
   // kernel argument, as hipModuleLaunchKernel takes them. `describe` (shapes,
   // sizes) is put into any error. Counts kernels_launched. In sync mode, waits
   // and checks.
+  // `programmatic` (CUDA's early start of a dependent kernel) has no HIP counterpart: a plain launch.
   inline void launch(Dim3 grid, Dim3 block, unsigned shared_bytes, void** args, const LazyText& describe = {},
-                     hipStream_t stream = nullptr) const;
+                     hipStream_t stream = nullptr, bool programmatic = false) const;
 
   // Checks that launches may ask for `bytes` of dynamic shared memory (LDS). AMD
   // has no opt-in: the limit is the device's LDS per block minus the kernel's
@@ -904,7 +905,7 @@ inline void HipFunction::set_max_dynamic_shared_memory(int bytes) const {
 }
 
 inline void HipFunction::launch(Dim3 grid, Dim3 block, unsigned shared_bytes, void** args, const LazyText& describe,
-                                hipStream_t stream) const {
+                                hipStream_t stream, bool) const {
   const detail::KernelState& k = state();
   if (static_cast<int>(shared_bytes) > k.dynamic_shared_limit.load(std::memory_order_relaxed)) {
     set_max_dynamic_shared_memory(static_cast<int>(shared_bytes));

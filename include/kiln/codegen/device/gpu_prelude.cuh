@@ -41,6 +41,18 @@ typedef unsigned short uint16_t;
 #define KILN_INT64_MIN (-9223372036854775807LL - 1)
 #define KILN_INT64_MAX 9223372036854775807LL
 
+// Every generated kernel's first statement. Launched as a programmatic dependent (sm_90 and
+// later: kiln::programmatic_launch) a kernel may start while the kernel before it on its
+// stream still runs: it waits here until that kernel has finished and its writes are
+// visible, before it reads or writes memory; then it lets the kernel after it be launched
+// (that one waits in turn). Launched plainly, and on other targets, both do nothing.
+KILN_FN void kiln_grid_begin() {
+#if !defined(KILN_HIP) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 KILN_FN double kiln_bits_to_f64(uint64_t b) { return __longlong_as_double((long long)b); }
 
 // Math in the compute type (f32 for f32/f16/bf16, f64 for f64); IEEE functions, no fast-math.
