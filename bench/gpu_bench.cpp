@@ -26,7 +26,7 @@
 // KILN_BENCH_OPSUM_AB=1 (with KILN_BENCH_ONLY=w4): the W4 step with db1 and db2 summed by rows kernels
 // and by the dW GEMMs from their B operands (kiln::gemm_operand_sums, off by default), alternated.
 // KILN_BENCH_PDL_AB=1: (with KILN_BENCH_ONLY=w4) the W4 step, (rows) W7, with each kernel launched plainly and as a
-// programmatic dependent of the one before it (kiln::programmatic_launch, off by default), alternated.
+// programmatic dependent of the one before it (kiln::programmatic_launch: calls of small kernels), alternated.
 #include <kiln/kiln.hpp>
 #include <kiln/runtime/cuda_backend.hpp>
 
@@ -751,7 +751,7 @@ static std::string w4_step_bench() {
   if (std::getenv("KILN_BENCH_OVERLAP_AB"))  // the step's kernels one after another, and overlapped
     launch_ab("kernel overlap", set_kernel_overlap, true, &Counters::kernels_overlapped);
   if (std::getenv("KILN_BENCH_PDL_AB"))  // each kernel started as the one before it ends
-    launch_ab("programmatic launch", set_programmatic_launch, false, &Counters::kernels_programmatic);
+    launch_ab("programmatic launch", set_programmatic_launch, true, &Counters::kernels_programmatic);
   // A switch that decides the step's kernels, off and on alternated, three rounds: the kernels
   // launched, the step's times and what `check` says of db1 and db2; then `after`.
   auto sums_ab = [&](const char* what, void (*set)(bool), bool after, const auto& check) {
@@ -1236,7 +1236,7 @@ int main(int argc, char** argv) {
                       r, on ? "on" : "off", (unsigned long long)early, fused, eager, graph, same ? "bit for bit" : "DIFFERS");
           std::fflush(stdout);
         }
-      set_programmatic_launch(false);
+      set_programmatic_launch(true);  // kiln's default
     }
     if (std::getenv("KILN_BENCH_W7_SWEEP")) {  // W7 in reduce-overhead with each SIMT config forced on its three GEMMs
       using K = codegen::GemmKind;

@@ -877,43 +877,48 @@ TEST_CASE("GPU dispatch: a training step's large independent kernels overlap on 
   CHECK(unordered() == 0);
 }
 
-TEST_CASE("GPU dispatch: kiln::programmatic_launch starts each kernel of a call early on sm_90 and later; every generated kernel "
-          "and in a graph; every generated kernel waits for the one before it first") {
+TEST_CASE("GPU dispatch: kiln::programmatic_launch starts each kernel of a call of small kernels early on sm_90 and later, and in "
+          "a graph; calls of large kernels launch plainly; every generated kernel waits for the one before it first") {
   KILN_TEST_RNG(rng);
   FakeGpuBackend backend;
   FakeGpuDevice& dev = FakeGpuApi::device(0);  // an sm_90
-  const auto st = w4_step(rng, 2048, 2048, 4096);
+  // W4's step at a size of large kernels (they overlap on two streams), and at a small one.
+  const auto large = w4_step(rng, 2048, 2048, 4096), small = w4_step(rng, 64, 96, 128);
   auto early = [&] { return size_t(std::count_if(dev.launched.begin(), dev.launched.end(), [](const auto& l) { return l.programmatic; })); };
+  REQUIRE(programmatic_launch());  // on by default
   Counters c0 = counters();
-  w4_dispatch(backend, st);
-  CHECK(early() == 0);  // off by default
+  w4_dispatch(backend, large);
+  CHECK(early() == 0);
   CHECK(counters().kernels_programmatic == c0.kernels_programmatic);
-  set_programmatic_launch(true);
-  struct Off {
-    ~Off() { set_programmatic_launch(false); }
-  } off;
   c0 = counters();
-  Dispatch d = w4_dispatch(backend, st);  // in the same order (check_ordered), on the same streams
-  CHECK(d.loads == 0);                    // the same programs: the switch decides launches, not kernels
+  w4_dispatch(backend, small);  // one stream, in order (check_ordered)
+  CHECK(dev.launched.size() >= 5);
   CHECK(early() == dev.launched.size());
   CHECK(counters().kernels_programmatic - c0.kernels_programmatic == dev.launched.size());
-  CHECK(std::count_if(dev.launched.begin(), dev.launched.end(), [](const auto& l) { return l.stream == 1; }) >= 2);
+  struct On {
+    ~On() { set_programmatic_launch(true); }
+  } restore;
+  set_programmatic_launch(false);
+  c0 = counters();
+  Dispatch d = w4_dispatch(backend, small);
+  CHECK(d.loads == 0);  // the same programs: the switch decides launches, not kernels
+  CHECK(early() == 0);
+  CHECK(counters().kernels_programmatic == c0.kernels_programmatic);
+  set_programmatic_launch(true);
   {
     Sm80 sm80(dev);  // griddepcontrol is sm_90's: plain launches before it
     FakeGpuBackend backend80;  // (a backend reads a device's facts once)
     c0 = counters();
-    w4_dispatch(backend80, st);
+    w4_dispatch(backend80, small);
     CHECK(early() == 0);
     CHECK(counters().kernels_programmatic == c0.kernels_programmatic);
   }
-  // In a graph (reduce-overhead) the edge from the node before on the same stream is
-  // programmatic: every node but the first on each stream.
-  auto graph = [&] { return std::apply([&](const auto&... o) { return dispatch_in(Mode::reduce_overhead, backend, 0, o...); }, st); };
+  // In a graph (reduce-overhead) each node's edge from the one before is programmatic.
+  auto graph = [&] { return std::apply([&](const auto&... o) { return dispatch_in(Mode::reduce_overhead, backend, 0, o...); }, small); };
   c0 = counters();
   check_ordered(graph(), dev);
-  const size_t streams = counters().kernels_overlapped > c0.kernels_overlapped ? 2 : 1;  // a side branch
-  CHECK(early() == dev.launched.size() - streams);
-  CHECK(counters().kernels_programmatic - c0.kernels_programmatic == dev.launched.size() - streams);
+  CHECK(early() == dev.launched.size() - 1);
+  CHECK(counters().kernels_programmatic - c0.kernels_programmatic == dev.launched.size() - 1);
   set_programmatic_launch(false);
   c0 = counters();
   check_ordered(graph(), dev);  // rebuilt with plain edges

@@ -33,19 +33,20 @@
 //                    shared memory (cuBLASLt's BGRADB epilogue), where its kernel can (wgmma
 //                    without a split epilogue), instead of by a rows kernel reading the matrix
 //                    again (off by default; KILN_GEMM_OPERAND_SUMS=1). Decides each call's
-//                    kernels, not the plan. NOTE: off until it has run on a GPU: written and
-//                    compiled through NVRTC in the thirty-fifth session, which got no device
-//                    time for its tests and its timing (docs/benchmarks.md).
-//   programmatic_launch on an NVIDIA GPU of sm_90 or later, each generated kernel is launched
-//                    so that it may start before the kernel before it on its stream has
-//                    finished (programmatic dependent launch): its blocks take the SMs that
-//                    kernel's last wave leaves, and wait (griddepcontrol.wait, the kernel's
-//                    first statement) until that kernel's memory is visible; so the gap
-//                    between two kernels is not a launch. Off by default; KILN_PROGRAMMATIC_LAUNCH=1.
-//                    Decides each call's launches, not its kernels (every generated kernel
-//                    waits; without the launch attribute the wait returns at once). NOTE: off
-//                    until it has run on a GPU: written in the thirty-seventh session, which
-//                    got no device time.
+//                    kernels, not the plan. NOTE: off because on an H200 it made W4's step
+//                    0.36-0.46 ms longer back to back (7 kernels against 9, three rounds;
+//                    docs/benchmarks.md, thirty-seventh session).
+//   programmatic_launch on an NVIDIA GPU of sm_90 or later, in a call of fewer than two large
+//                    kernels, each generated kernel is launched so that it may start before
+//                    the kernel before it on its stream has finished (programmatic dependent
+//                    launch): its blocks take the SMs that kernel's last wave leaves, and wait
+//                    (griddepcontrol.wait, the kernel's first statement) until that kernel's
+//                    memory is visible; so the gap between two kernels is not a launch (on by
+//                    default; KILN_PROGRAMMATIC_LAUNCH=0). Decides each call's launches, not its
+//                    kernels (every generated kernel waits; without the launch attribute the
+//                    wait returns at once). NOTE: on an H200 W7's fused call went from 19.4-20.6
+//                    to 18.0-18.2 us; calls of large kernels launch plainly, since W4's step ran
+//                    0.5-0.7% longer back to back with it (docs/benchmarks.md, thirty-seventh session).
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -81,7 +82,7 @@ inline std::atomic<bool>& gemm_operand_sums_flag() {
   return on;
 }
 inline std::atomic<bool>& programmatic_launch_flag() {
-  static std::atomic<bool> on{env_switch("KILN_PROGRAMMATIC_LAUNCH", false)};
+  static std::atomic<bool> on{env_switch("KILN_PROGRAMMATIC_LAUNCH", true)};
   return on;
 }
 }  // namespace detail

@@ -771,6 +771,11 @@ struct StreamSchedule {
   std::vector<uint8_t> side;    // per kernel: runs on the side stream (empty: one stream)
   std::vector<int> wait;        // per kernel: first waits for the event after this kernel, or -1
   std::vector<uint8_t> record;  // per kernel: an event is recorded after it
+  // Fewer than two large kernels: each kernel may start before the one before it ends
+  // (kiln::programmatic_launch). NOTE: on an H200 that took W7's fused call from 19.4-20.6 to
+  // 18.0-18.2 us and its graph from 15.5 to 14.7 us, but W4's step (overlapped, large kernels)
+  // 0.5-0.7% longer back to back, three rounds of three: docs/benchmarks.md, thirty-seventh session.
+  bool early = false;
   bool used() const { return !side.empty(); }
 };
 
@@ -783,6 +788,7 @@ inline StreamSchedule schedule_streams(const sched::Plan& p, const GpuCall& call
   };
   int count = 0;
   for (size_t k = 0; k < n && count < 2; ++k) count += call.launches(k) && large(k);
+  s.early = count < 2 && programmatic_launch() && !profiling();
   if (count < 2 || !kernel_overlap() || profiling()) return s;
   // Each kernel's dependencies among the launched kernels (through any that are not launched:
   // an empty kernel, a prologue its GEMM computes, a rows kernel whose sums a GEMM computes,
@@ -946,10 +952,8 @@ class GpuBackend final : public Backend {
     const auto& kernels = cp.plan.kernels;
     const size_t n = kernels.size();
     const bool profile = profiling();
-    // Each kernel may start before the one before it on its stream ends (kiln::programmatic_launch;
-    // not while profiling, whose events stand between the kernels).
-    const bool programmatic = programmatic_launch() && !profile;
     const StreamSchedule streams = schedule_streams(cp.plan, call, by_library);
+    const bool programmatic = streams.early;  // each kernel may start before the one before it ends
     bool forked = false;
     auto join = [&] {
       if (forked) events[n + 1].record(dev, dev.side_stream()), dev.wait(dev.stream(), events[n + 1]), forked = false;
@@ -1047,19 +1051,11 @@ class GpuBackend final : public Backend {
       if (node.changed) node.block = st.block, node.maps = maps;
       node.fn = fn, node.launch = L;
     };
-    // Per node, whether the first node it follows is the one before it on its stream: that
-    // edge lets it start early (kiln::programmatic_launch), as a launch on that stream would.
-    std::vector<uint8_t> early;
-    const bool programmatic = programmatic_launch();
     auto follow = [&](size_t k) {
-      if (!streams.used()) {
-        early.push_back(programmatic && n > 1);
-        return;
-      }
+      if (!streams.used()) return;
       std::vector<size_t>& a = after.emplace_back();
       const int s = streams.side[k];
       side_nodes += s;
-      early.push_back(programmatic && last_on[s] >= 0);
       if (last_on[s] >= 0) a.push_back(size_t(last_on[s]));
       if (streams.wait[k] >= 0) a.push_back(node_of[size_t(streams.wait[k])]);
       last_on[s] = int(after.size()) - 1;
@@ -1076,6 +1072,10 @@ class GpuBackend final : public Backend {
     }
     if (n != st.nodes.size()) st.nodes.resize(n), same = false;
     if (after != st.after) st.after = std::move(after), same = false;
+    // A call of small kernels (one stream, a chain): each node's edge from the one before
+    // lets it start early (kiln::programmatic_launch), as a launch on the stream would.
+    std::vector<uint8_t> early(n, streams.early);
+    if (n) early[0] = 0;
     if (early != st.early) st.early = std::move(early), same = false;
     if (n == 0) return;  // every kernel empty: nothing to launch
     auto launch_of = [](GraphNode& node) {
