@@ -294,9 +294,10 @@ inline std::vector<GemmConfig> gemm_candidates(DType d, int arch, bool tf32 = fa
 // the stages in the same room), so that the split epilogue's ring, whose staging takes one
 // 64-wide stage's room, reaches as far ahead as a plain 128x256 config's four stages (4 of 6
 // stages of 24 KB loading while the consumers hold 2, against 1 of 3 of 48 KB); and the plain
-// 128x256 in 8 such stages. NOTE: compiled (NVRTC, sm_90a) but not yet run on a GPU, so not
-// among the candidates: the gpu suite forces them (test_gemm.cpp), and gpu_bench's
-// KILN_BENCH_HEAVY_AB times W4 with its two heavy GEMMs in the first, and with all six in them.
+// 128x256 in 8 such stages. NOTE: not among the candidates: correct on an H200 (the gpu suite
+// forces them, test_gemm.cpp) but slower there, W4's step 0.05-0.11 ms longer back to back with
+// its two heavy GEMMs in the first, 0.14-0.20 ms with all six in K steps of 32, three rounds
+// (KILN_BENCH_HEAVY_AB; docs/benchmarks.md, thirty-seventh session).
 inline std::vector<GemmConfig> gemm_k32_configs() {
   using K = GemmKind;
   return {{K::wgmma, 128, 256, 32, 64, 256, 6, true, true}, {K::wgmma, 128, 256, 32, 64, 256, 8, true}};
