@@ -131,7 +131,8 @@ class CudaFunction {
   // sm_90 and later (and a driver with cuLaunchKernelEx) the kernel may start before the
   // kernel before it on `stream` has finished; it must wait for it (griddepcontrol.wait)
   // before it touches memory, as every generated kernel does (kiln_grid_begin). Counts
-  // kernels_programmatic.
+  // kernels_programmatic. Where the driver refuses that and a plain launch succeeds, the
+  // process launches plainly from then on (logged: KILN_LOG=jit).
   inline void launch(Dim3 grid, Dim3 block, unsigned shared_bytes, void** args, const LazyText& describe = {},
                      CUstream stream = nullptr, bool programmatic = false) const;
 
@@ -509,17 +510,25 @@ inline void CudaFunction::launch(Dim3 grid, Dim3 block, unsigned shared_bytes, v
   dev.make_current();
   CUstream s = stream != nullptr ? stream : dev.stream();
   const DriverApi& api = driver();
-  CUresult r;
-  if (programmatic && api.cuLaunchKernelEx && dev.properties().cc_major >= 9) {
+  // A driver that refuses the attribute where a plain launch of the same kernel succeeds (not
+  // every configuration allows it) gets plain launches from then on; any other error the plain
+  // launch reports.
+  static std::atomic<bool> refused{false};
+  const bool tried = programmatic && api.cuLaunchKernelEx && dev.properties().cc_major >= 9 && !refused.load(std::memory_order_relaxed);
+  CUresult r = kSuccess;
+  if (tried) {
     LaunchAttribute attr;
     attr.id = kLaunchAttributeProgrammaticStreamSerialization, attr.value.i = 1;
     LaunchConfig c{grid.x, grid.y, grid.z, block.x, block.y, block.z, shared_bytes, s, &attr, 1};
     r = api.cuLaunchKernelEx(&c, k.function, args, nullptr);
-    if (r != kSuccess) check(r, "cuLaunchKernelEx (programmatic) of " + detail::launch_text(k, grid, block, shared_bytes, describe));
-    ::kiln::detail::counters_state().kernels_programmatic.fetch_add(1, std::memory_order_relaxed);
-  } else {
+    if (r == kSuccess) ::kiln::detail::counters_state().kernels_programmatic.fetch_add(1, std::memory_order_relaxed);
+  }
+  if (!tried || r != kSuccess) {
     r = api.cuLaunchKernel(k.function, grid.x, grid.y, grid.z, block.x, block.y, block.z, shared_bytes, s, args, nullptr);
     if (r != kSuccess) check(r, "cuLaunchKernel of " + detail::launch_text(k, grid, block, shared_bytes, describe));
+    if (tried && !refused.exchange(true))
+      log(LogTopic::jit, "cuLaunchKernelEx refused a programmatic launch of kernel '" + k.name +
+                             "', which launched plainly: plain launches from now on");
   }
   ::kiln::detail::counters_state().kernels_launched.fetch_add(1, std::memory_order_relaxed);
   dev.note_launch(&k.name);
