@@ -180,10 +180,10 @@ struct FakeGpuApi : runtime::GpuDeviceApi<DeviceKind::cpu, codegen::GpuDialect::
     bool built() const { return device != nullptr; }
     static inline int fail_builds = 0;  // the next this many builds fail, as a driver's may (out of memory)
     void build(FakeGpuDevice& dev, const std::vector<Launch>& launches, const std::vector<std::vector<size_t>>& after_nodes = {},
-               const std::vector<uint8_t>& early_nodes = {}) {
+               bool early_edges = false) {
       device = nullptr;
       after = after_nodes;
-      early = dev.props.cc_major >= 9 ? early_nodes : std::vector<uint8_t>{};  // as CudaGraph::build decides
+      early = early_edges && dev.props.cc_major >= 9;  // as CudaGraph::build decides
       if (fail_builds > 0) {
         --fail_builds;
         throw Error("kiln: building the CUDA graph of " + std::to_string(launches.size()) +
@@ -207,7 +207,7 @@ struct FakeGpuApi : runtime::GpuDeviceApi<DeviceKind::cpu, codegen::GpuDialect::
       nodes.at(i) = node(i, l);
     }
     static inline int fail_updates = 0;  // the next this many node updates fail
-    void reset() noexcept { device = nullptr, nodes.clear(), after.clear(), early.clear(); }
+    void reset() noexcept { device = nullptr, nodes.clear(), after.clear(), early = false; }
     // On the device's stream: each node after what the stream finished before the graph and
     // after the nodes its edges name (each after the one before where the graph has no edges).
     void launch() const {
@@ -232,12 +232,12 @@ struct FakeGpuApi : runtime::GpuDeviceApi<DeviceKind::cpu, codegen::GpuDialect::
     FakeGpuDevice* device = nullptr;
     std::vector<FakeGpuDevice::Launch> nodes;
     std::vector<std::vector<size_t>> after;
-    std::vector<uint8_t> early;
+    bool early = false;
 
    private:
     FakeGpuDevice::Launch node(size_t i, const Launch& l) const {
       FakeGpuDevice::Launch n{l.fn.module, l.fn.name, l.grid, l.block, l.shared_bytes, {}, 0, {},
-                              i < early.size() && early[i] && (after.empty() ? i > 0 : !after[i].empty())};
+                              early && (after.empty() ? i > 0 : !after[i].empty())};
       const auto* words = static_cast<const uint64_t*>(l.params[0]);
       if (i < device->record_words.size()) n.words.assign(words, words + device->record_words[i]);
       return n;

@@ -188,23 +188,19 @@ inline size_t gemm_simt_shared_bytes(const GemmConfig& c, DType d) {
 // Whether a config can compute this problem.
 inline bool gemm_fits(const GemmConfig& c, const GemmProblem& p) {
   if ((c.k_slices > 1 || c.split_k > 1) && c.kind != GemmKind::simt) return false;
+  GemmOperands o = p.ops;
+  o.elem_bytes = int(info(p.dtype).bytes);  // a 16-bit config's tiles take twice the room in f32
   // wgmma: a K step is one 128-byte swizzle row (64 16-bit elements, 32 TF32 ones), or in 16
   // bits a 64-byte one (32 elements: gemm_sm90.hpp); the split epilogue's staging holds the
   // output in 16 bits; the stages in the device's shared memory (a 16-bit config's K steps of
   // 32 read as TF32 would take twice its room).
-  if (c.kind == GemmKind::wgmma) {
-    GemmOperands o = p.ops;
-    o.elem_bytes = int(info(p.dtype).bytes);
+  if (c.kind == GemmKind::wgmma)
     return p.tma_ok && p.tensor_ok && gemm_has_wgmma(p.dtype, p.arch, p.tf32) &&
            (c.bk * o.elem_bytes == 128 || (c.bk == 32 && o.elem_bytes == 2)) && !(c.split_epilogue && p.dtype == DType::f32) &&
            (c.cluster == 1 || (c.persistent && !c.stream_k && c.bn % (64 * c.cluster) == 0)) &&
            gemm_shared_bytes(c, o) <= gemm_max_shared(p.arch);
-  }
-  if (c.kind == GemmKind::mma) {
-    GemmOperands o = p.ops;
-    o.elem_bytes = int(info(p.dtype).bytes);  // a 16-bit config's tiles take twice the room in f32
+  if (c.kind == GemmKind::mma)
     return p.tensor_ok && gemm_has_mma(p.dtype, p.arch, p.tf32) && gemm_shared_bytes(c, o) <= gemm_max_shared(p.arch);
-  }
   if (c.kind == GemmKind::mfma) return p.tensor_ok && gemm_has_mfma(p.dtype, p.arch);
   return gemm_simt_shared_bytes(c, p.dtype) <= 48u * 1024;  // static shared memory
 }

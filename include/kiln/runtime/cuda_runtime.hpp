@@ -668,13 +668,13 @@ class CudaGraph {
   size_t early_edges() const { return early_edges_; }
 
   // Replaces the graph by `launches` on `dev`: launch i after the earlier launches after[i]
-  // names, or, where `after` is empty, each after the one before. Where early[i] is set, the
-  // first of those edges is programmatic (sm_90 and later, a CUDA 12.3+ driver: launch i may
-  // start before that kernel ends, and waits for it first, as every generated kernel does;
+  // names, or, where `after` is empty, each after the one before. With `early`, each launch's
+  // first such edge is programmatic (sm_90 and later, a CUDA 12.3+ driver: the launch may start
+  // before that kernel ends, and waits for it first, as every generated kernel does;
   // kiln::programmatic_launch). On failure nothing is left built (the next call builds again)
   // and the error names the kernel.
   void build(CudaDevice& dev, const std::vector<Launch>& launches, const std::vector<std::vector<size_t>>& after = {},
-             const std::vector<uint8_t>& early = {}) {
+             bool early = false) {
     reset();
     const DriverApi& api = driver();
     dev.make_current();
@@ -686,7 +686,7 @@ class CudaGraph {
                    std::to_string(dev.ordinal()) + ": " + what);
     };
     if (CUresult r = api.cuGraphCreate(&graph_, 0); r != kSuccess) fail(r, "cuGraphCreate");
-    const bool can_start_early = api.cuGraphAddDependencies && dev.properties().cc_major >= 9;
+    early = early && api.cuGraphAddDependencies && dev.properties().cc_major >= 9;
     std::vector<CUgraphNode> deps;
     for (const Launch& l : launches) {
       KernelNodeParams p = params(l);
@@ -695,7 +695,7 @@ class CudaGraph {
       if (after.empty() && !nodes_.empty()) deps.push_back(nodes_.back());
       if (!after.empty())
         for (size_t d : after[i]) deps.push_back(nodes_.at(d));
-      const bool e = can_start_early && i < early.size() && early[i] && !deps.empty();
+      const bool e = early && !deps.empty();
       CUgraphNode node = nullptr;
       if (CUresult r = api.cuGraphAddKernelNode(&node, graph_, deps.data() + e, deps.size() - e, &p); r != kSuccess)
         fail(r, "cuGraphAddKernelNode of " + describe(l));

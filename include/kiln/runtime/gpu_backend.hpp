@@ -1072,11 +1072,7 @@ class GpuBackend final : public Backend {
     }
     if (n != st.nodes.size()) st.nodes.resize(n), same = false;
     if (after != st.after) st.after = std::move(after), same = false;
-    // A call of small kernels (one stream, a chain): each node's edge from the one before
-    // lets it start early (kiln::programmatic_launch), as a launch on the stream would.
-    std::vector<uint8_t> early(n, streams.early);
-    if (n) early[0] = 0;
-    if (early != st.early) st.early = std::move(early), same = false;
+    if (streams.early != st.early) st.early = streams.early, same = false;
     if (n == 0) return;  // every kernel empty: nothing to launch
     auto launch_of = [](GraphNode& node) {
       node.params = {node.block.data(), &node.maps.a, &node.maps.b};
@@ -1088,7 +1084,7 @@ class GpuBackend final : public Backend {
     if (!same) {
       std::vector<typename Api::Graph::Launch> launches;
       for (GraphNode& node : st.nodes) launches.push_back(launch_of(node));
-      st.graph.build(dev, launches, st.after, st.early);
+      st.graph.build(dev, launches, st.after, st.early);  // early: a call of small kernels, a chain
       counters.graphs_built.fetch_add(1, std::memory_order_relaxed);
     } else {
       for (size_t i = 0; i < st.nodes.size(); ++i)
@@ -1135,7 +1131,7 @@ class GpuBackend final : public Backend {
     typename Api::Graph graph;
     std::vector<GraphNode> nodes;
     std::vector<std::vector<size_t>> after;  // per node, the nodes it follows (empty: each the one before)
-    std::vector<uint8_t> early;              // per node, whether its first edge is programmatic (CudaGraph::build)
+    bool early = false;                      // each node's first edge programmatic (StreamSchedule::early)
     std::vector<uint64_t> block;  // this call's, before it is compared
     TensorMaps maps{};
   };
