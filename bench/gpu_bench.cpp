@@ -27,6 +27,8 @@
 // and by the dW GEMMs from their B operands (kiln::gemm_operand_sums, off by default), alternated.
 // KILN_BENCH_PDL_AB=1: (with KILN_BENCH_ONLY=w4) the W4 step, (rows) W7, with each kernel launched plainly and as a
 // programmatic dependent of the one before it (kiln::programmatic_launch: calls of small kernels), alternated.
+// KILN_BENCH_FILL_AB=1 (with KILN_BENCH_ONLY=w4): the W4 step with its leaves (the loss's sum, db1, db2) on a
+// third stream below the GEMMs' priority (kiln::idle_fill, off by default) and as before, alternated.
 #include <kiln/kiln.hpp>
 #include <kiln/runtime/cuda_backend.hpp>
 
@@ -728,8 +730,8 @@ static std::string w4_step_bench() {
     for (int r = 0; r < 3; ++r) std::printf("W4's six GEMMs, plain, round %d: back to back %8.3f ms\n", r, loop_ms(six, 100));
   }
   // A switch that decides a call's launches, not its kernels, off and on alternated, three
-  // rounds: the launches it counts, the step's times (and as a graph), and whether dW1
-  // (downstream of every kernel) stays bit for bit; then `after`.
+  // rounds: the launches it counts, the step's times (and as a graph), and whether the loss and
+  // the five gradients stay bit for bit; then `after`.
   auto launch_ab = [&](const char* what, void (*set)(bool), bool after, uint64_t Counters::*counted) {
     for (int r = 0; r < 3; ++r)
       for (bool on : {false, true}) {
@@ -737,12 +739,14 @@ static std::string w4_step_bench() {
         Counters c = counters();
         auto o = evaluate_step(Mode::fused, st);
         const uint64_t n = counters().*counted - c.*counted;
-        const bool same = std::get<2>(o).to_vector() == std::get<2>(out).to_vector();
+        const bool same = std::apply([&](const auto&... a) {
+          return std::apply([&](const auto&... b) { return ((a.to_vector() == b.to_vector()) && ...); }, out);
+        }, o);
         double loop = loop_ms(fused_step, 100), flushed = time_ms(fused_step, 10);
         double anchor = anchor_ms(fused_step);
         double graph = loop_ms([&] { auto o = evaluate_step(Mode::reduce_overhead, st); }, 100);
         std::printf("W4 fused, round %d, %s %-3s (%llu kernels) back to back %8.3f ms, flushed %8.3f ms, as torch_anchor.py times "
-                    "%8.3f ms; reduce-overhead back to back %8.3f ms; dW1 %s\n",
+                    "%8.3f ms; reduce-overhead back to back %8.3f ms; loss and gradients %s\n",
                     r, what, on ? "on" : "off", (unsigned long long)n, loop, flushed, anchor, graph, same ? "bit for bit" : "DIFFERS");
         std::fflush(stdout);
       }
@@ -752,6 +756,8 @@ static std::string w4_step_bench() {
     launch_ab("kernel overlap", set_kernel_overlap, true, &Counters::kernels_overlapped);
   if (std::getenv("KILN_BENCH_PDL_AB"))  // each kernel started as the one before it ends
     launch_ab("programmatic launch", set_programmatic_launch, true, &Counters::kernels_programmatic);
+  if (std::getenv("KILN_BENCH_FILL_AB"))  // the leaves on SMs the GEMMs leave idle
+    launch_ab("idle fill", set_idle_fill, false, &Counters::kernels_filling);
   // A switch that decides the step's kernels, off and on alternated, three rounds: the kernels
   // launched, the step's times and what `check` says of db1 and db2; then `after`.
   auto sums_ab = [&](const char* what, void (*set)(bool), bool after, const auto& check) {

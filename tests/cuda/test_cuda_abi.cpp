@@ -28,6 +28,10 @@ static_assert(offsetof(cu::LaunchConfig, attr_count) == offsetof(CUlaunchConfig,
 static_assert(sizeof(cu::LaunchAttribute) == sizeof(CUlaunchAttribute));
 static_assert(offsetof(cu::LaunchAttribute, value) == offsetof(CUlaunchAttribute, value));
 static_assert(cu::kLaunchAttributeProgrammaticStreamSerialization == CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION);
+// A launch's (and a graph kernel node's) own priority (kiln::idle_fill), an int in the value union.
+static_assert(cu::kLaunchAttributePriority == CU_LAUNCH_ATTRIBUTE_PRIORITY && cu::kLaunchAttributePriority == CU_KERNEL_NODE_ATTRIBUTE_PRIORITY);
+static_assert(offsetof(CUlaunchAttributeValue, priority) == offsetof(cu::LaunchAttribute::Value, i));
+static_assert(sizeof(cu::LaunchAttribute::Value) == sizeof(CUkernelNodeAttrValue));
 // A graph's programmatic edge.
 static_assert(sizeof(cu::GraphEdgeData) == sizeof(CUgraphEdgeData));
 static_assert(offsetof(cu::GraphEdgeData, type) == offsetof(CUgraphEdgeData, type));

@@ -57,7 +57,10 @@ Dispatch dispatch_in(Mode mode, FakeGpuBackend& backend, int ordinal, const Es&.
   std::vector<std::pair<size_t, bool>> kernels;
   std::vector<std::vector<uint64_t>> blocks;
   dev.record_words.clear();
-  for (size_t k = 0; k < cp->plan.kernels.size(); ++k) {
+  // In launch order (kiln::idle_fill moves leaves; no vendor GEMM here).
+  const runtime::StreamSchedule schedule = runtime::schedule_streams(cp->plan, want, std::vector<uint8_t>(cp->plan.kernels.size(), 0));
+  for (size_t i = 0; i < cp->plan.kernels.size(); ++i) {
+    const size_t k = schedule.at(i);
     if (!want.launches(k)) continue;  // empty, or computed by another kernel (a prologue, column sums)
     uint64_t ws[codegen::kGpuSplitWords] = {}, st[codegen::kGpuStageWords] = {};
     std::vector<uint64_t> block;
@@ -934,4 +937,96 @@ TEST_CASE("GPU dispatch: kiln::programmatic_launch starts each kernel of a call 
       CHECK(m.source.compare(body + 4, 21, "  kiln_grid_begin();\n") == 0);
     }
   CHECK(kernels >= 9);
+}
+TEST_CASE("GPU dispatch: kiln::idle_fill runs a training step's leaves (the loss, the bias gradients) on a third stream below the "
+          "other kernels' priority, each launched right after the latest kernel it reads; in a graph by edges and node priorities") {
+  KILN_TEST_RNG(rng);
+  FakeGpuBackend backend;
+  FakeGpuDevice& dev = FakeGpuApi::device(0);  // priorities 0 (its streams') to -5: raised -1
+  auto run = [&](Mode mode, const auto& outs) {
+    return std::apply([&](const auto&... o) { return dispatch_in(mode, backend, 0, o...); }, outs);
+  };
+  struct Fill {
+    Fill() { set_idle_fill(true); }
+    ~Fill() { set_idle_fill(false); }
+  };
+  const auto large = w4_step(rng, 2048, 2048, 4096), small = w4_step(rng, 64, 96, 128);
+  auto filling = [&] { return std::count_if(dev.launched.begin(), dev.launched.end(), [](const auto& l) { return l.stream == 2; }); };
+  REQUIRE(!idle_fill());  // off by default
+  Dispatch off = run(Mode::fused, large);
+  CHECK(filling() == 0);
+  for (const auto& l : dev.launched) CHECK(l.priority == 0);
+
+  // W4's three rows kernels (the loss's sum, db1, db2) are its leaves: no kernel reads them.
+  auto check_fill = [&](const Dispatch& d, bool graph) {
+    check_ordered(d, dev);
+    const auto& kernels = d.plan->plan.kernels;
+    std::vector<uint8_t> leaf_launch(d.launches.size(), 0);
+    for (size_t i = 0; i < d.launches.size(); ++i) {
+      CAPTURE(i);
+      const size_t k = d.launches[i].first;
+      const bool leaf = kernels[k].kind != sched::KernelKind::matmul;
+      leaf_launch[i] = leaf;
+      CHECK(dev.launched[i].priority == (leaf ? 0 : -1));
+      if (!graph) CHECK((dev.launched[i].stream == 2) == leaf);
+      if (!leaf) continue;
+      // Right after the latest launch it reads (or another leaf that is).
+      size_t latest = 0;
+      for (int dep : kernels[k].deps)
+        for (size_t j = 0; j < d.launches.size(); ++j)
+          if (d.launches[j].first == size_t(dep)) latest = std::max(latest, j);
+      for (size_t j = latest + 1; j < i; ++j) CHECK(leaf_launch[j]);
+    }
+    CHECK(std::count(leaf_launch.begin(), leaf_launch.end(), 1) == 3);
+    // Nothing but the call's end waits for a leaf.
+    for (size_t i = 0; i < d.launches.size(); ++i)
+      if (!leaf_launch[i])
+        for (size_t j : dev.launched[i].after) CHECK(!leaf_launch[j]);
+  };
+  {
+    Fill fill;
+    auto c0 = counters();
+    Dispatch d = run(Mode::fused, large);
+    CHECK(d.loads == 0);  // the same programs: the switch decides launches, not kernels
+    check_fill(d, false);
+    CHECK(filling() == 3);
+    CHECK(counters().kernels_filling - c0.kernels_filling == 3);
+    CHECK(dev.done_before[0].size() == dev.launched.size());  // the join: the main stream after every launch
+    // A split-rows leaf has a workspace of its own (the main stream's users keep theirs).
+    for (size_t i = 0; i < d.launches.size(); ++i)
+      if (dev.launched[i].stream == 2) CHECK(d.vars[d.launches[i].first].workspace());
+    c0 = counters();
+    d = run(Mode::reduce_overhead, large);  // a graph: the leaves by their edges, every node's priority
+    check_fill(d, true);
+    CHECK(counters().kernels_filling - c0.kernels_filling == 3);
+    CHECK(counters().graphs_built - c0.graphs_built == 1);
+    run(Mode::reduce_overhead, large);  // replayed as built
+    CHECK(counters().graphs_built - c0.graphs_built == 1);
+    // A device with one priority: the leaves keep their stream, no launch has a priority of its own.
+    dev.raised = 0;
+    run(Mode::fused, large);
+    CHECK(filling() == 3);
+    for (const auto& l : dev.launched) CHECK(l.priority == 0);
+    dev.raised = -1;
+    // A launch that fails halfway: what the fill stream had queued still comes before what follows.
+    dev.clear_launched();
+    dev.record = true;
+    dev.fail_launch = dev.launches + d.launches.size() - 1;
+    ir::Graph g = std::apply([](const auto&... o) { return ir::trace(o...); }, large);
+    auto cp = runtime::plan_for(g, Mode::fused);
+    runtime::Bound b = runtime::bind_buffers(g, cp->plan);
+    CHECK_THROWS_WITH_AS(backend.run(g, *cp, b), doctest::Contains("CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"), Error);
+    dev.fail_launch = size_t(-1);
+    dev.record = false;
+    CHECK(filling() == 3);
+    CHECK(dev.done_before[0].size() == dev.launched.size());
+    // A small step keeps one stream (no overlap): nothing fills.
+    c0 = counters();
+    check_ordered(run(Mode::fused, small), dev);
+    CHECK(filling() == 0);
+    CHECK(counters().kernels_filling == c0.kernels_filling);
+  }
+  run(Mode::fused, large);  // off again: as before
+  CHECK(filling() == 0);
+  CHECK(dev.launched.size() == off.launches.size());
 }

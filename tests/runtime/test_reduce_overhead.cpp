@@ -177,7 +177,8 @@ TEST_CASE("reduce-overhead: a bf16 GEMM big enough for the copy-engine kernel (w
   }
 }
 
-TEST_CASE("kernel overlap: a large training step's kernels on two streams (and a graph's branches) give one stream's numbers bit for bit") {
+TEST_CASE("kernel overlap: a large training step's kernels on two streams (and a graph's branches), and its leaves on a third "
+          "(kiln::idle_fill), give one stream's numbers bit for bit") {
   if (default_device().kind != DeviceKind::cuda) {
     MESSAGE("not a CUDA device: kernel overlap is the GPU backends' (a CPU plan runs its kernels in turn): skipped");
     return;
@@ -186,28 +187,37 @@ TEST_CASE("kernel overlap: a large training step's kernels on two streams (and a
   // Each GEMM and the [M, H] kernels large enough to overlap (runtime::StreamSchedule): the
   // backward's five kernels after dh read nothing of each other.
   const W4Step step(rng, 2048, 2048, 4096);
-  auto run = [&](Mode mode, bool overlap) {
-    set_kernel_overlap(overlap);
+  auto run = [&](Mode mode, bool overlap, bool fill = false) {
+    set_kernel_overlap(overlap), set_idle_fill(fill);
     auto c0 = counters();
-    auto values = step.run(mode);
+    std::vector<std::vector<double>> values;
+    for (int call = 0; call < 2; ++call) {  // back to back: the leaves' workspace reused by the next call
+      auto v = step.run(mode);
+      values.insert(values.end(), v.begin(), v.end());
+    }
     const uint64_t overlapped = counters().kernels_overlapped - c0.kernels_overlapped;
-    set_kernel_overlap(true);
-    return std::pair{values, overlapped};
+    const uint64_t filling = counters().kernels_filling - c0.kernels_filling;
+    set_kernel_overlap(true), set_idle_fill(false);
+    return std::tuple{values, overlapped, filling};
   };
-  const auto [alone, none] = run(Mode::fused, false);
+  const auto [alone, none, none_filling] = run(Mode::fused, false);
   CHECK(none == 0);
+  CHECK(none_filling == 0);
   CHECK(std::isfinite(alone[0][0]));
   CHECK(alone[0][0] > 0);
-  for (Mode mode : {Mode::fused, Mode::reduce_overhead}) {
-    CAPTURE(int(mode));
-    const auto [beside, overlapped] = run(mode, true);
-    CHECK(overlapped >= 2);
-    REQUIRE(beside.size() == alone.size());
-    for (size_t i = 0; i < alone.size(); ++i) {
-      CAPTURE(i);
-      CHECK(beside[i] == alone[i]);
+  for (Mode mode : {Mode::fused, Mode::reduce_overhead})
+    for (bool fill : {false, true}) {
+      CAPTURE(int(mode));
+      CAPTURE(fill);
+      const auto [beside, overlapped, filling] = run(mode, true, fill);
+      CHECK(overlapped >= 2);
+      CHECK(filling == (fill ? 6u : 0u));  // the loss's sum, db1 and db2, twice
+      REQUIRE(beside.size() == alone.size());
+      for (size_t i = 0; i < alone.size(); ++i) {
+        CAPTURE(i);
+        CHECK(beside[i] == alone[i]);
+      }
     }
-  }
 }
 
 TEST_CASE("programmatic launch: kernels that start before the kernel before them ends give plain launches' numbers bit for bit") {

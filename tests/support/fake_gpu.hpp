@@ -36,9 +36,9 @@ struct FakeGpuDevice {
     std::vector<std::string> options;
   };
   // What one launch was given; `words`: the first record_words[i] words of launch i's argument
-  // block; `stream`: 0 the device's, 1 its side stream (a graph's nodes: 0); `after`: the
-  // earlier launches the streams, events and graph edges make sure have finished before it
-  // starts (as the driver would order them).
+  // block; `stream`: 0 the device's, 1 its side stream, 2 its fill stream (a graph's nodes: 0);
+  // `after`: the earlier launches the streams, events and graph edges make sure have finished
+  // before it starts (as the driver would order them); `priority`: the launch's own (0: its stream's).
   struct Launch {
     const Module* module = nullptr;
     std::string name;
@@ -48,17 +48,18 @@ struct FakeGpuDevice {
     int stream = 0;
     std::vector<size_t> after;
     bool programmatic = false;  // may start before the launch before it on its stream ends (sm_90 and later)
+    int priority = 0;
   };
   // Per stream, the launches finished before its next one starts (the streams' order and the
   // events it waited for); kept while `record` is on.
-  std::vector<size_t> done_before[2];
+  std::vector<size_t> done_before[3];
   size_t waits = 0;  // events waited for, recording or not
   struct Function {
     FakeGpuDevice* device = nullptr;
     const Module* module = nullptr;
     std::string name;
     void launch(Dim3 grid, Dim3 block, unsigned shared_bytes, void** params, const LazyText&, void* stream,
-                bool programmatic = false) const {
+                bool programmatic = false, int priority = 0) const {
       if (device->fail_launch == device->launches)
         throw Error("kiln: cuLaunchKernel of '" + name + "' failed: CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES (fake driver)");
       kiln::detail::counters_state().kernels_launched.fetch_add(1, std::memory_order_relaxed);
@@ -67,8 +68,9 @@ struct FakeGpuDevice {
       ++device->launches;
       if (!device->record) return;
       size_t i = device->launched.size();
-      const int s = stream == side ? 1 : 0;
-      Launch& l = device->launched.emplace_back(Launch{module, name, grid, block, shared_bytes, {}, s, device->done_before[s], programmatic});
+      const int s = stream_index(stream);
+      Launch& l = device->launched.emplace_back(
+          Launch{module, name, grid, block, shared_bytes, {}, s, device->done_before[s], programmatic, priority});
       device->done_before[s].push_back(i);
       const auto* block_words = static_cast<const uint64_t*>(params[0]);
       if (i < device->record_words.size()) l.words.assign(block_words, block_words + device->record_words[i]);
@@ -95,24 +97,31 @@ struct FakeGpuDevice {
   const Properties& properties() const { return props; }
   int ordinal() const { return index; }
   static inline void* const side = reinterpret_cast<void*>(uintptr_t(1));
+  static inline void* const fill = reinterpret_cast<void*>(uintptr_t(2));
+  static int stream_index(void* stream) { return stream == side ? 1 : stream == fill ? 2 : 0; }
   void* stream() const { return nullptr; }
   void* side_stream() const { return side; }
+  void* fill_stream() const { return fill; }
+  // As a CUDA device with priorities 0 (the streams') down to -5 gives (CudaDevice::raised_priority).
+  int raised = -1;
+  int raised_priority() const { return raised; }
   // An event holds what its stream had finished-before when recorded.
   struct Event {
     std::vector<size_t> done;
     void record(FakeGpuDevice& dev, void* stream) {
-      done = dev.done_before[stream == side ? 1 : 0];
+      done = dev.done_before[stream_index(stream)];
     }
   };
   void wait(void* stream, const Event& e) {
     ++waits;
-    auto& d = done_before[stream == side ? 1 : 0];
+    auto& d = done_before[stream_index(stream)];
     for (size_t i : e.done)
       if (std::find(d.begin(), d.end(), i) == d.end()) d.push_back(i);
   }
   // Forgets what was launched (a test's fresh start).
   void clear_launched() {
-    launched.clear(), done_before[0].clear(), done_before[1].clear();
+    launched.clear();
+    for (auto& d : done_before) d.clear();
   }
   std::mutex load_mutex;  // a backend loads a plan's programs from several threads at once
   ModuleRef& load_module(const std::string& source, const std::vector<std::string>& options, const std::string&) {
@@ -180,9 +189,10 @@ struct FakeGpuApi : runtime::GpuDeviceApi<DeviceKind::cpu, codegen::GpuDialect::
     bool built() const { return device != nullptr; }
     static inline int fail_builds = 0;  // the next this many builds fail, as a driver's may (out of memory)
     void build(FakeGpuDevice& dev, const std::vector<Launch>& launches, const std::vector<std::vector<size_t>>& after_nodes = {},
-               bool early_edges = false) {
+               bool early_edges = false, const std::vector<int>& node_priorities = {}) {
       device = nullptr;
       after = after_nodes;
+      priorities = node_priorities;
       early = early_edges && dev.props.cc_major >= 9;  // as CudaGraph::build decides
       if (fail_builds > 0) {
         --fail_builds;
@@ -207,7 +217,7 @@ struct FakeGpuApi : runtime::GpuDeviceApi<DeviceKind::cpu, codegen::GpuDialect::
       nodes.at(i) = node(i, l);
     }
     static inline int fail_updates = 0;  // the next this many node updates fail
-    void reset() noexcept { device = nullptr, nodes.clear(), after.clear(), early = false; }
+    void reset() noexcept { device = nullptr, nodes.clear(), after.clear(), priorities.clear(), early = false; }
     // On the device's stream: each node after what the stream finished before the graph and
     // after the nodes its edges name (each after the one before where the graph has no edges).
     void launch() const {
@@ -232,12 +242,13 @@ struct FakeGpuApi : runtime::GpuDeviceApi<DeviceKind::cpu, codegen::GpuDialect::
     FakeGpuDevice* device = nullptr;
     std::vector<FakeGpuDevice::Launch> nodes;
     std::vector<std::vector<size_t>> after;
+    std::vector<int> priorities;  // per node (empty: each its stream's)
     bool early = false;
 
    private:
     FakeGpuDevice::Launch node(size_t i, const Launch& l) const {
       FakeGpuDevice::Launch n{l.fn.module, l.fn.name, l.grid, l.block, l.shared_bytes, {}, 0, {},
-                              early && (after.empty() ? i > 0 : !after[i].empty())};
+                              early && (after.empty() ? i > 0 : !after[i].empty()), priorities.empty() ? 0 : priorities.at(i)};
       const auto* words = static_cast<const uint64_t*>(l.params[0]);
       if (i < device->record_words.size()) n.words.assign(words, words + device->record_words[i]);
       return n;

@@ -47,6 +47,15 @@
 //                    wait returns at once). NOTE: on an H200 W7's fused call went from 19.4-20.6
 //                    to 18.0-18.2 us; calls of large kernels launch plainly, since W4's step ran
 //                    0.5-0.7% longer back to back with it (docs/benchmarks.md, thirty-seventh session).
+//   idle_fill        on a GPU, in a call whose kernels overlap (kernel_overlap), its leaf kernels
+//                    (memory-bound ones whose outputs no later kernel of the call reads: a loss,
+//                    a bias's gradient) run on a third stream that waits only for what they read,
+//                    and the call's other kernels launch one step above that stream's priority:
+//                    a GEMM's blocks take the SMs first and the leaves run on those its last
+//                    round leaves idle, instead of each leaf holding every SM for its own time
+//                    between two GEMMs (off by default; KILN_IDLE_FILL=1). Decides each call's
+//                    launches, not its kernels. NOTE: written without a GPU (thirty-eighth
+//                    session); off until timed on W4 (gpu_bench's KILN_BENCH_FILL_AB=1).
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -85,6 +94,10 @@ inline std::atomic<bool>& programmatic_launch_flag() {
   static std::atomic<bool> on{env_switch("KILN_PROGRAMMATIC_LAUNCH", true)};
   return on;
 }
+inline std::atomic<bool>& idle_fill_flag() {
+  static std::atomic<bool> on{env_switch("KILN_IDLE_FILL", false)};
+  return on;
+}
 }  // namespace detail
 
 inline bool allow_tf32() { return detail::allow_tf32_flag().load(std::memory_order_relaxed); }
@@ -104,6 +117,9 @@ inline void set_gemm_operand_sums(bool on) { detail::gemm_operand_sums_flag().st
 
 inline bool programmatic_launch() { return detail::programmatic_launch_flag().load(std::memory_order_relaxed); }
 inline void set_programmatic_launch(bool on) { detail::programmatic_launch_flag().store(on, std::memory_order_relaxed); }
+
+inline bool idle_fill() { return detail::idle_fill_flag().load(std::memory_order_relaxed); }
+inline void set_idle_fill(bool on) { detail::idle_fill_flag().store(on, std::memory_order_relaxed); }
 
 // The switches that decide a plan, as one word of bits for plans' keys.
 inline constexpr uint8_t kPlanEpiloguesApart = 1;  // epilogue_fusion() is off

@@ -13,7 +13,9 @@
 // graph_replays (calls launched as one graph); kernels_overlapped (launches, or a replayed
 // graph's nodes, placed on a call's second stream to run beside the kernels before them:
 // kiln::kernel_overlap); kernels_programmatic (launches that may start before the kernel
-// before them on their stream has finished: kiln::programmatic_launch).
+// before them on their stream has finished: kiln::programmatic_launch); kernels_filling (launches,
+// or a replayed graph's nodes, of a call's leaf kernels placed on a third stream below the
+// priority of the call's other kernels: kiln::idle_fill).
 #pragma once
 
 #include <atomic>
@@ -24,13 +26,15 @@ namespace kiln {
 struct Counters {
   uint64_t compiles = 0, memory_hits = 0, disk_hits = 0, kernels_launched = 0, tunings = 0, tune_db_hits = 0, plans_built = 0;
   uint64_t graphs_built = 0, graph_updates = 0, graph_replays = 0, kernels_overlapped = 0, kernels_programmatic = 0;
+  uint64_t kernels_filling = 0;
 };
 
 namespace detail {
 
 struct AtomicCounters {
   std::atomic<uint64_t> compiles{0}, memory_hits{0}, disk_hits{0}, kernels_launched{0}, tunings{0}, tune_db_hits{0},
-      plans_built{0}, graphs_built{0}, graph_updates{0}, graph_replays{0}, kernels_overlapped{0}, kernels_programmatic{0};
+      plans_built{0}, graphs_built{0}, graph_updates{0}, graph_replays{0}, kernels_overlapped{0}, kernels_programmatic{0},
+      kernels_filling{0};
 };
 
 // NOTE: a function-local static in an inline function is one object per
@@ -50,7 +54,8 @@ inline Counters counters() {
                   s.tunings.load(std::memory_order_relaxed), s.tune_db_hits.load(std::memory_order_relaxed),
                   s.plans_built.load(std::memory_order_relaxed), s.graphs_built.load(std::memory_order_relaxed),
                   s.graph_updates.load(std::memory_order_relaxed), s.graph_replays.load(std::memory_order_relaxed),
-                  s.kernels_overlapped.load(std::memory_order_relaxed), s.kernels_programmatic.load(std::memory_order_relaxed)};
+                  s.kernels_overlapped.load(std::memory_order_relaxed), s.kernels_programmatic.load(std::memory_order_relaxed),
+                  s.kernels_filling.load(std::memory_order_relaxed)};
 }
 
 inline void reset_counters() {
@@ -67,6 +72,7 @@ inline void reset_counters() {
   s.graph_replays.store(0, std::memory_order_relaxed);
   s.kernels_overlapped.store(0, std::memory_order_relaxed);
   s.kernels_programmatic.store(0, std::memory_order_relaxed);
+  s.kernels_filling.store(0, std::memory_order_relaxed);
 }
 
 }  // namespace kiln

@@ -71,9 +71,12 @@ struct KernelNodeParams {
 };
 
 // CUlaunchConfig and one CUlaunchAttribute (cuda.h's layouts), what cuLaunchKernelEx takes.
-// kiln sets one attribute: CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (the kernel
-// may start before the kernel before it on its stream has finished; kiln::programmatic_launch).
+// kiln sets two attributes: CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (the kernel
+// may start before the kernel before it on its stream has finished; kiln::programmatic_launch)
+// and CU_LAUNCH_ATTRIBUTE_PRIORITY (the launch's priority instead of its stream's: lower
+// numbers first; kiln::idle_fill), which is also a graph kernel node's attribute of that id.
 inline constexpr int kLaunchAttributeProgrammaticStreamSerialization = 6;
+inline constexpr int kLaunchAttributePriority = 8;
 struct LaunchAttribute {
   int id = 0;
   char pad[4] = {};
@@ -211,6 +214,9 @@ struct DriverApi {
   CUresult (*cuGraphLaunch)(CUgraphExec, CUstream) = nullptr;
   CUresult (*cuGraphExecDestroy)(CUgraphExec) = nullptr;
   CUresult (*cuGraphDestroy)(CUgraph) = nullptr;
+  // Optional (null where missing: kiln::idle_fill's launches keep their streams' priority).
+  CUresult (*cuCtxGetStreamPriorityRange)(int* least, int* greatest) = nullptr;
+  CUresult (*cuGraphKernelNodeSetAttribute)(CUgraphNode, int, const void* value) = nullptr;
   bool has_graphs() const {
     return cuGraphCreate && cuGraphAddKernelNode && cuGraphInstantiate && cuGraphExecKernelNodeSetParams && cuGraphLaunch &&
            cuGraphExecDestroy && cuGraphDestroy;
@@ -343,6 +349,8 @@ inline bool load_driver_library(const char* path, DriverApi& api, std::string& w
   detail::bind_symbol(lib, api.cuGraphLaunch, {"cuGraphLaunch"}, optional);
   detail::bind_symbol(lib, api.cuGraphExecDestroy, {"cuGraphExecDestroy"}, optional);
   detail::bind_symbol(lib, api.cuGraphDestroy, {"cuGraphDestroy"}, optional);
+  detail::bind_symbol(lib, api.cuCtxGetStreamPriorityRange, {"cuCtxGetStreamPriorityRange"}, optional);
+  detail::bind_symbol(lib, api.cuGraphKernelNodeSetAttribute, {"cuGraphKernelNodeSetAttribute"}, optional);
   api.library = lib;
   api.path = path;
   return true;

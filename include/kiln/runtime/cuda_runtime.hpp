@@ -131,10 +131,11 @@ class CudaFunction {
   // sm_90 and later (and a driver with cuLaunchKernelEx) the kernel may start before the
   // kernel before it on `stream` has finished; it must wait for it (griddepcontrol.wait)
   // before it touches memory, as every generated kernel does (kiln_grid_begin). Counts
-  // kernels_programmatic. Where the driver refuses that and a plain launch succeeds, the
-  // process launches plainly from then on (logged: KILN_LOG=jit).
+  // kernels_programmatic. `priority` (not 0): the launch's priority instead of its stream's
+  // (CudaDevice::raised_priority). Where the driver refuses either and a plain launch
+  // succeeds, the process launches plainly from then on (logged: KILN_LOG=jit).
   inline void launch(Dim3 grid, Dim3 block, unsigned shared_bytes, void** args, const LazyText& describe = {},
-                     CUstream stream = nullptr, bool programmatic = false) const;
+                     CUstream stream = nullptr, bool programmatic = false, int priority = 0) const;
 
   // Lets launches ask for up to `bytes` of dynamic shared memory (up to the
   // device's opt-in limit minus the kernel's static shared memory).
@@ -194,6 +195,11 @@ class CudaDevice {
     check(api.cuDevicePrimaryCtxRetain(&context_, dev), "cuDevicePrimaryCtxRetain" + where);
     check(api.cuCtxSetCurrent(context_), "cuCtxSetCurrent" + where);
     check(api.cuStreamCreate(&stream_, kStreamDefault), "cuStreamCreate" + where);
+    // Streams are made at the least priority (cuda.h's default); one step above it, where the
+    // device has steps, is what kiln::idle_fill raises a call's other kernels to.
+    int least = 0, greatest = 0;
+    if (api.cuCtxGetStreamPriorityRange && api.cuCtxGetStreamPriorityRange(&least, &greatest) == kSuccess && greatest < least)
+      raised_priority_ = least - 1;
   }
   CudaDevice(const CudaDevice&) = delete;
   CudaDevice& operator=(const CudaDevice&) = delete;
@@ -210,6 +216,17 @@ class CudaDevice {
     });
     return side_stream_;
   }
+  // The third stream of such a call: its leaf kernels, below the others' priority (kiln::idle_fill).
+  CUstream fill_stream() {
+    std::call_once(fill_once_, [&] {
+      make_current();
+      check(driver().cuStreamCreate(&fill_stream_, kStreamDefault), "cuStreamCreate (device " + std::to_string(ordinal_) + ")");
+    });
+    return fill_stream_;
+  }
+  // A launch priority above the streams' own (lower numbers run first), or 0 where the device
+  // has only one.
+  int raised_priority() const { return raised_priority_; }
   // Work queued on `stream` after this waits for what `event` last recorded.
   inline void wait(CUstream stream, const CudaEvent& event) const;
   CachingAllocator& allocator() { return allocator_; }
@@ -261,8 +278,9 @@ class CudaDevice {
   const DeviceProperties& properties_;
   CUcontext context_ = nullptr;
   CUstream stream_ = nullptr;
-  CUstream side_stream_ = nullptr;
-  std::once_flag side_once_;
+  CUstream side_stream_ = nullptr, fill_stream_ = nullptr;
+  std::once_flag side_once_, fill_once_;
+  int raised_priority_ = 0;
   CachingAllocator allocator_;
   std::atomic<const std::string*> last_kernel_{nullptr};
   std::mutex modules_mutex_;
@@ -501,7 +519,7 @@ inline void CudaFunction::set_max_dynamic_shared_memory(int bytes) const {
 }
 
 inline void CudaFunction::launch(Dim3 grid, Dim3 block, unsigned shared_bytes, void** args,
-                                 const LazyText& describe, CUstream stream, bool programmatic) const {
+                                 const LazyText& describe, CUstream stream, bool programmatic, int priority) const {
   const detail::KernelState& k = state();
   if (static_cast<int>(shared_bytes) > k.dynamic_shared_limit.load(std::memory_order_relaxed)) {
     set_max_dynamic_shared_memory(static_cast<int>(shared_bytes));
@@ -514,20 +532,24 @@ inline void CudaFunction::launch(Dim3 grid, Dim3 block, unsigned shared_bytes, v
   // every configuration allows it) gets plain launches from then on; any other error the plain
   // launch reports.
   static std::atomic<bool> refused{false};
-  const bool tried = programmatic && api.cuLaunchKernelEx && dev.properties().cc_major >= 9 && !refused.load(std::memory_order_relaxed);
+  programmatic = programmatic && dev.properties().cc_major >= 9;
+  const bool tried = (programmatic || priority != 0) && api.cuLaunchKernelEx && !refused.load(std::memory_order_relaxed);
   CUresult r = kSuccess;
   if (tried) {
-    LaunchAttribute attr;
-    attr.id = kLaunchAttributeProgrammaticStreamSerialization, attr.value.i = 1;
-    LaunchConfig c{grid.x, grid.y, grid.z, block.x, block.y, block.z, shared_bytes, s, &attr, 1};
+    LaunchAttribute attrs[2];
+    unsigned n = 0;
+    if (programmatic) attrs[n].id = kLaunchAttributeProgrammaticStreamSerialization, attrs[n++].value.i = 1;
+    if (priority != 0) attrs[n].id = kLaunchAttributePriority, attrs[n++].value.i = priority;
+    LaunchConfig c{grid.x, grid.y, grid.z, block.x, block.y, block.z, shared_bytes, s, attrs, n};
     r = api.cuLaunchKernelEx(&c, k.function, args, nullptr);
-    if (r == kSuccess) ::kiln::detail::counters_state().kernels_programmatic.fetch_add(1, std::memory_order_relaxed);
+    if (r == kSuccess && programmatic) ::kiln::detail::counters_state().kernels_programmatic.fetch_add(1, std::memory_order_relaxed);
   }
   if (!tried || r != kSuccess) {
     r = api.cuLaunchKernel(k.function, grid.x, grid.y, grid.z, block.x, block.y, block.z, shared_bytes, s, args, nullptr);
     if (r != kSuccess) check(r, "cuLaunchKernel of " + detail::launch_text(k, grid, block, shared_bytes, describe));
     if (tried && !refused.exchange(true))
-      log(LogTopic::jit, "cuLaunchKernelEx refused a programmatic launch of kernel '" + k.name +
+      log(LogTopic::jit, std::string("cuLaunchKernelEx refused a ") + (programmatic ? "programmatic " : "") +
+                             (priority != 0 ? "prioritised " : "") + "launch of kernel '" + k.name +
                              "', which launched plainly: plain launches from now on");
   }
   ::kiln::detail::counters_state().kernels_launched.fetch_add(1, std::memory_order_relaxed);
@@ -671,10 +693,11 @@ class CudaGraph {
   // names, or, where `after` is empty, each after the one before. With `early`, each launch's
   // first such edge is programmatic (sm_90 and later, a CUDA 12.3+ driver: the launch may start
   // before that kernel ends, and waits for it first, as every generated kernel does;
-  // kiln::programmatic_launch). On failure nothing is left built (the next call builds again)
-  // and the error names the kernel.
+  // kiln::programmatic_launch). `priorities` (where given): each node's launch priority, 0 for
+  // its stream's (kiln::idle_fill; a driver without the node attribute keeps the stream's).
+  // On failure nothing is left built (the next call builds again) and the error names the kernel.
   void build(CudaDevice& dev, const std::vector<Launch>& launches, const std::vector<std::vector<size_t>>& after = {},
-             bool early = false) {
+             bool early = false, const std::vector<int>& priorities = {}) {
     reset();
     const DriverApi& api = driver();
     dev.make_current();
@@ -700,6 +723,12 @@ class CudaGraph {
       if (CUresult r = api.cuGraphAddKernelNode(&node, graph_, deps.data() + e, deps.size() - e, &p); r != kSuccess)
         fail(r, "cuGraphAddKernelNode of " + describe(l));
       nodes_.push_back(node);
+      if (!priorities.empty() && priorities[i] != 0 && api.cuGraphKernelNodeSetAttribute) {
+        LaunchAttribute::Value v{};
+        v.i = priorities[i];
+        if (CUresult r = api.cuGraphKernelNodeSetAttribute(node, kLaunchAttributePriority, &v); r != kSuccess)
+          fail(r, "cuGraphKernelNodeSetAttribute (priority) of " + describe(l));
+      }
       if (e) {
         if (CUresult r = api.cuGraphAddDependencies(graph_, &deps[0], &node, &kProgrammaticEdge, 1); r != kSuccess)
           fail(r, "cuGraphAddDependencies (programmatic) to " + describe(l));

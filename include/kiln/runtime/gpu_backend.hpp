@@ -23,10 +23,10 @@
 //   static void empty_cache();                 every device's cached blocks back (kiln::empty_cache)
 //   Event                                      record(device, stream); device.wait(stream, event)
 // where Device has make_current(), ordinal(), properties() (warp_size,
-// sm_count), stream(), side_stream(), wait(stream, event), allocator() (runtime/caching_allocator.hpp) and
-// load_module(source, options, name) -> Module& with function(name) ->
-// Function, and Function has launch({x, y, z}, {x, y, z}, shared_bytes, args,
-// describe, stream). The two runtimes (cuda_runtime.hpp, hip_runtime.hpp)
+// sm_count), stream(), side_stream(), fill_stream(), raised_priority(), wait(stream, event),
+// allocator() (runtime/caching_allocator.hpp) and load_module(source, options, name) -> Module&
+// with function(name) -> Function, and Function has launch({x, y, z}, {x, y, z}, shared_bytes,
+// args, describe, stream, programmatic, priority). The two runtimes (cuda_runtime.hpp, hip_runtime.hpp)
 // mirror each other name for name so that this holds without adapters.
 #pragma once
 #include <algorithm>
@@ -750,33 +750,45 @@ inline GpuCall gpu_call(const ir::Graph& g, const CompiledPlan& cp, const Bound&
   return c;
 }
 
-// Which of two streams each kernel of a call runs on (kiln::kernel_overlap). A large kernel
-// that reads nothing the kernel launched before it writes goes to the other stream, so that
+// Which stream each kernel of a call runs on (kiln::kernel_overlap). A large kernel that
+// reads nothing the kernel launched before it writes goes to the other of two streams, so that
 // it starts on the SMs that kernel's last wave leaves idle instead of after it (a persistent
-// GEMM of 4096 tiles on 132 SMs keeps 4 of them busy for its last tile). Two streams: at most
-// two kernels run at once. Kernels that share the device's workspace or staging buffer, and
-// vendor GEMMs (their own workspace, the device's stream), stay on the main stream, in plan
-// order. A kernel waits for the latest kernel of the other stream it reads from (an event; in
-// a graph, an edge); the side stream waits for the main one at the call's start and the main
-// one for it at the end (fork, join), so what follows the call (the allocator's reuse of its
-// buffers among it) sees it whole. A call with fewer than two large kernels keeps one stream:
-// an event costs about a microsecond of host time, nothing beside kernels of kOverlapGemmWork
-// or kOverlapWork.
+// GEMM of 4096 tiles on 132 SMs keeps 4 of them busy for its last tile). Kernels that share the
+// device's workspace or staging buffer, and vendor GEMMs (their own workspace, the device's
+// stream), stay on the main stream, in plan order. A kernel waits for the latest kernel of each
+// other stream it reads (an event; in a graph, an edge); the other streams wait for the main
+// one at the call's start and the main one for them at the end (fork, join), so what follows
+// the call (the allocator's reuse of its buffers among it) sees it whole. A call with fewer
+// than two large kernels keeps one stream: an event costs about a microsecond of host time,
+// nothing beside kernels of kOverlapGemmWork or kOverlapWork.
+// kiln::idle_fill: the leaves (memory-bound kernels no later kernel of the call reads: a loss,
+// a bias's gradient) go to a third stream, with a workspace of their own, and the call's other
+// kernels launch at a priority above it; so the large kernel that follows a leaf's inputs gets
+// the SMs first and the leaf takes those its last round leaves idle. Each leaf is launched
+// right after the latest kernel it reads (`order`), so that on the fill stream no leaf ready
+// early waits behind one ready late.
 // NOTE: on an H200 W4's step (three kernels beside others) took 1.2% less time as
 // torch_anchor.py times it, 0.7% flushed, 0.4% as a graph back to back, and the same in 100-step
 // loops, where the power limit holds the clock (docs/benchmarks.md, twenty-ninth session).
 struct StreamSchedule {
   static constexpr int64_t kOverlapGemmWork = int64_t(1) << 33;  // multiply-adds (~25 us on an H200)
   static constexpr int64_t kOverlapWork = int64_t(1) << 23;      // elements of a memory-bound kernel
-  std::vector<uint8_t> side;    // per kernel: runs on the side stream (empty: one stream)
-  std::vector<int> wait;        // per kernel: first waits for the event after this kernel, or -1
-  std::vector<uint8_t> record;  // per kernel: an event is recorded after it
+  static constexpr uint8_t kMain = 0, kSide = 1, kFill = 2;      // the streams
+  std::vector<uint8_t> side;                // per kernel: the stream it runs on (empty: one stream)
+  std::vector<std::array<int, 2>> wait;     // per kernel: first waits for the events after these kernels (-1: none)
+  std::vector<uint8_t> record;              // per kernel: an event is recorded after it
+  bool fill = false;                        // some kernels on kFill: the others at the raised priority
+  std::vector<size_t> order;                // the kernels in launch order (empty: plan order)
   // Fewer than two large kernels: each kernel may start before the one before it ends
   // (kiln::programmatic_launch). NOTE: on an H200 that took W7's fused call from 19.4-20.6 to
   // 18.0-18.2 us and its graph from 15.5 to 14.7 us, but W4's step (overlapped, large kernels)
   // 0.5-0.7% longer back to back, three rounds of three: docs/benchmarks.md, thirty-seventh session.
   bool early = false;
   bool used() const { return !side.empty(); }
+  // The i-th kernel to launch.
+  size_t at(size_t i) const { return order.empty() ? i : order[i]; }
+  // Whether kernel k launches above the fill stream's priority.
+  bool raised(size_t k) const { return fill && side[k] != kFill; }
 };
 
 inline StreamSchedule schedule_streams(const sched::Plan& p, const GpuCall& call, const std::vector<uint8_t>& by_library) {
@@ -798,31 +810,59 @@ inline StreamSchedule schedule_streams(const sched::Plan& p, const GpuCall& call
   std::vector<int> summed_by(n, -1);
   for (size_t k = 0; k < n; ++k)
     if (call.vars[k].colsum_kernel >= 0) summed_by[size_t(call.vars[k].colsum_kernel)] = int(k);
-  for (size_t k = 0; k < n; ++k)
+  std::vector<uint8_t> read_later(n, 0);
+  for (size_t k = 0; k < n; ++k) {
     for (int d : kernels[k].deps) {
       if (call.launches(size_t(d))) reads[k].push_back(d);
       else reads[k].insert(reads[k].end(), reads[size_t(d)].begin(), reads[size_t(d)].end());
       if (summed_by[size_t(d)] >= 0 && call.launches(size_t(summed_by[size_t(d)]))) reads[k].push_back(summed_by[size_t(d)]);
     }
-  s.side.assign(n, 0), s.wait.assign(n, -1), s.record.assign(n, 0);
-  int prev = -1, waited[2] = {-1, -1};
+    if (call.launches(k))
+      for (int d : reads[k]) read_later[size_t(d)] = 1;
+  }
+  s.side.assign(n, s.kMain), s.wait.assign(n, {-1, -1}), s.record.assign(n, 0);
+  int prev = -1, waited[3][2] = {{-1, -1}, {-1, -1}, {-1, -1}};  // per stream, the latest kernel of kMain / kSide waited for
   bool any = false;
   for (size_t k = 0; k < n; ++k) {
     if (!call.launches(k)) continue;
     const codegen::GpuVariant& v = call.vars[k];
-    // NOTE: column sums have a workspace of their own kernel's (GpuBackend::column_sum_workspace).
-    bool main_only = (v.workspace() && v.colsum_slot < 0) || v.stage || by_library[k];
-    bool after_prev = prev >= 0 && std::find(reads[k].begin(), reads[k].end(), prev) != reads[k].end();
-    uint8_t on = prev < 0 || main_only ? 0 : s.side[size_t(prev)];
-    if (!main_only && prev >= 0 && large(k) && !after_prev) on = uint8_t(1 - s.side[size_t(prev)]);
-    s.side[k] = on, any |= on;
-    int need = -1;
-    for (int d : reads[k])
-      if (s.side[size_t(d)] != on) need = std::max(need, d);
-    if (need > waited[on]) s.wait[k] = need, s.record[size_t(need)] = 1, waited[on] = need;
-    prev = int(k);
+    const bool pinned = v.stage || by_library[k];  // the device's staging buffer, the vendor's stream
+    // NOTE: column sums have a workspace of their own kernel's, the fill stream's leaves one they
+    // share (GpuBackend::column_sum_workspace, split_workspace).
+    const bool leaf = idle_fill() && !pinned && kernels[k].kind != sched::KernelKind::matmul && !read_later[k];
+    const bool main_only = pinned || (v.workspace() && v.colsum_slot < 0 && !leaf);
+    uint8_t on = s.kMain;
+    if (leaf) {
+      on = s.kFill, s.fill = true;  // prev stays: a leaf is no kernel the next one can follow
+    } else {
+      bool after_prev = prev >= 0 && std::find(reads[k].begin(), reads[k].end(), prev) != reads[k].end();
+      on = prev < 0 || main_only ? s.kMain : s.side[size_t(prev)];
+      if (!main_only && prev >= 0 && large(k) && !after_prev) on = uint8_t(1 - s.side[size_t(prev)]);
+      prev = int(k);
+    }
+    s.side[k] = on, any |= on != s.kMain;
+    // The latest kernel it reads on each other stream (no kernel reads a leaf).
+    for (uint8_t from : {s.kMain, s.kSide}) {
+      if (from == on) continue;
+      int need = -1;
+      for (int d : reads[k])
+        if (s.side[size_t(d)] == from) need = std::max(need, d);
+      if (need > waited[on][from]) s.wait[k][from] = need, s.record[size_t(need)] = 1, waited[on][from] = need;
+    }
   }
   if (!any) return StreamSchedule{};
+  if (s.fill) {
+    std::vector<std::vector<size_t>> leaves_after(n + 1);  // [n]: leaves that read no launched kernel
+    for (size_t k = 0; k < n; ++k)
+      if (call.launches(k) && s.side[k] == s.kFill)
+        leaves_after[reads[k].empty() ? n : size_t(*std::max_element(reads[k].begin(), reads[k].end()))].push_back(k);
+    s.order = leaves_after[n];
+    for (size_t k = 0; k < n; ++k)
+      if (!call.launches(k) || s.side[k] != s.kFill) {
+        s.order.push_back(k);
+        s.order.insert(s.order.end(), leaves_after[k].begin(), leaves_after[k].end());
+      }
+  }
   return s;
 }
 
@@ -945,7 +985,8 @@ class GpuBackend final : public Backend {
   // Launches the plan's kernels in order: each GEMM kernel the tuner gave to the vendor
   // library through it, the others as `fns` (the call's variants; a GEMM that stages operands
   // runs its staging kernel first), on the device's stream, and where the call's kernels
-  // overlap (schedule_streams) some on its side stream, with `events` (grown as needed) between.
+  // overlap (schedule_streams) some on its side and fill streams, with `events` (grown as
+  // needed) between.
   using Events = std::vector<typename Api::Event>;
   void launch_kernels(const ir::Graph& g, const CompiledPlan& cp, const GpuCall& call, const Loaded& fns,
                       const std::vector<uint8_t>& by_library, std::vector<uint64_t>& block, Device& dev, Events& events) {
@@ -954,21 +995,35 @@ class GpuBackend final : public Backend {
     const bool profile = profiling();
     const StreamSchedule streams = schedule_streams(cp.plan, call, by_library);
     const bool programmatic = streams.early;  // each kernel may start before the one before it ends
+    const int raised = streams.fill ? dev.raised_priority() : 0;
+    auto stream_of = [&](uint8_t s) { return s == streams.kMain ? dev.stream() : s == streams.kSide ? dev.side_stream() : dev.fill_stream(); };
     bool forked = false;
-    auto join = [&] {
-      if (forked) events[n + 1].record(dev, dev.side_stream()), dev.wait(dev.stream(), events[n + 1]), forked = false;
+    auto join = [&] {  // events n + 1, n + 2: the side and fill streams' ends
+      if (!forked) return;
+      forked = false;
+      for (uint8_t s : {streams.kSide, streams.kFill})
+        if (s != streams.kFill || streams.fill) events[n + s].record(dev, stream_of(s)), dev.wait(dev.stream(), events[n + s]);
     };
     try {
-      if (streams.used()) {  // the fork: the side stream after all the main one has queued
-        if (events.size() < n + 2) events.resize(n + 2);  // one a kernel, the fork, the join
-        events[n].record(dev, dev.stream()), dev.wait(dev.side_stream(), events[n]), forked = true;
+      if (streams.used()) {  // the fork: the other streams after all the main one has queued
+        if (events.size() < n + 3) events.resize(n + 3);  // one a kernel, the fork, the joins
+        events[n].record(dev, dev.stream()), forked = true;
+        dev.wait(dev.side_stream(), events[n]);
+        if (streams.fill) dev.wait(dev.fill_stream(), events[n]);
       }
-      for (size_t k = 0; k < n; ++k) {
+      for (size_t i = 0; i < n; ++i) {
+        const size_t k = streams.at(i);
         if (!call.launches(k)) continue;
         auto stream = dev.stream();
-        if (streams.used() && streams.side[k])
-          stream = dev.side_stream(), kiln::detail::counters_state().kernels_overlapped.fetch_add(1, std::memory_order_relaxed);
-        if (streams.used() && streams.wait[k] >= 0) dev.wait(stream, events[size_t(streams.wait[k])]);
+        int priority = 0;
+        if (streams.used()) {
+          stream = stream_of(streams.side[k]), priority = streams.raised(k) ? raised : 0;
+          auto& counters = kiln::detail::counters_state();
+          if (streams.side[k] == streams.kSide) counters.kernels_overlapped.fetch_add(1, std::memory_order_relaxed);
+          if (streams.side[k] == streams.kFill) counters.kernels_filling.fetch_add(1, std::memory_order_relaxed);
+          for (int w : streams.wait[k])
+            if (w >= 0) dev.wait(stream, events[size_t(w)]);
+        }
         std::optional<typename Api::Timer> timer;  // KILN_PROFILE (one stream): the launch between two events
         if (profile) timer.emplace(dev.ordinal()), timer->start(stream);
         if (by_library[k] && Api::library_gemm(g, kernels[k], cp.layouts[k], call.args[k], dev)) {
@@ -979,15 +1034,16 @@ class GpuBackend final : public Backend {
         const codegen::GpuVariant& v = call.vars[k];
         TensorMaps maps;
         GpuLaunch staging;
-        GpuLaunch L = prepare_launch(dev, kernels[k], cp.layouts[k], call.args[k], v, block, maps, staging);
+        const bool fill = streams.used() && streams.side[k] == streams.kFill;
+        GpuLaunch L = prepare_launch(dev, kernels[k], cp.layouts[k], call.args[k], v, block, maps, staging, fill);
         KernelDescription describe{&g, &kernels[k]};
-        if (v.stage) launch_one(*fns.stage[k], staging, block, maps, describe, stream, programmatic);
-        launch_one(fns.main[k], L, block, maps, describe, stream, programmatic);
+        if (v.stage) launch_one(*fns.stage[k], staging, block, maps, describe, stream, programmatic, priority);
+        launch_one(fns.main[k], L, block, maps, describe, stream, programmatic, priority);
         if (streams.used() && streams.record[k]) events[k].record(dev, stream);
         if (timer) timer->stop(stream), detail::profile_record(profile_label(g, cp, k, kernels[k]) + " " + variant_text(kernels[k], v), timer->elapsed_ms());
       }
     } catch (...) {
-      // What the side stream has queued still comes before anything the caller queues next
+      // What the other streams have queued still comes before anything the caller queues next
       // (the allocator's reuse of this call's buffers).
       try {
         join();
@@ -999,10 +1055,10 @@ class GpuBackend final : public Backend {
   }
   template <class Stream>
   static void launch_one(const Function& f, const GpuLaunch& L, std::vector<uint64_t>& block, TensorMaps& maps,
-                         KernelDescription& describe, Stream stream, bool programmatic) {
+                         KernelDescription& describe, Stream stream, bool programmatic, int priority) {
     void* params[] = {block.data(), &maps.a, &maps.b};
     f.launch({L.grid.x, L.grid.y, L.grid.z}, {L.block.x, L.block.y, L.block.z}, L.shared_bytes, params,
-             LazyText{&KernelDescription::text, &describe}, stream, programmatic);
+             LazyText{&KernelDescription::text, &describe}, stream, programmatic, priority);
   }
 
   struct LastCall;
@@ -1040,8 +1096,10 @@ class GpuBackend final : public Backend {
     const StreamSchedule streams = schedule_streams(cp.plan, call, by_library);
     std::vector<std::vector<size_t>> after;
     std::vector<size_t> node_of;
-    int last_on[2] = {-1, -1};
-    size_t side_nodes = 0;
+    std::vector<int> priorities;  // per node, where the call fills idle SMs (StreamSchedule::fill)
+    int last_on[3] = {-1, -1, -1};
+    size_t side_nodes = 0, fill_nodes = 0;
+    const int raised = streams.fill ? dev.raised_priority() : 0;
     // The next node: launch L of `fn` with the argument block and maps as this call gives them.
     auto add = [&](const Function* fn, const GpuLaunch& L, const TensorMaps& maps) {
       if (n == st.nodes.size()) st.nodes.emplace_back(), same = false;
@@ -1055,17 +1113,21 @@ class GpuBackend final : public Backend {
       if (!streams.used()) return;
       std::vector<size_t>& a = after.emplace_back();
       const int s = streams.side[k];
-      side_nodes += s;
+      side_nodes += s == streams.kSide, fill_nodes += s == streams.kFill;
+      if (streams.fill) priorities.push_back(streams.raised(k) ? raised : 0);
       if (last_on[s] >= 0) a.push_back(size_t(last_on[s]));
-      if (streams.wait[k] >= 0) a.push_back(node_of[size_t(streams.wait[k])]);
+      for (int w : streams.wait[k])
+        if (w >= 0) a.push_back(node_of[size_t(w)]);
       last_on[s] = int(after.size()) - 1;
     };
     if (streams.used()) node_of.assign(kernels.size(), 0);
-    for (size_t k = 0; k < kernels.size(); ++k) {
+    for (size_t i = 0; i < kernels.size(); ++i) {
+      const size_t k = streams.at(i);
       if (!call.launches(k)) continue;
       st.maps = TensorMaps{};  // compared whole: no stale bytes where a kernel has no maps
       GpuLaunch staging;
-      GpuLaunch L = prepare_launch(dev, kernels[k], cp.layouts[k], call.args[k], call.vars[k], st.block, st.maps, staging);
+      const bool fill = streams.used() && streams.side[k] == streams.kFill;
+      GpuLaunch L = prepare_launch(dev, kernels[k], cp.layouts[k], call.args[k], call.vars[k], st.block, st.maps, staging, fill);
       if (call.vars[k].stage) add(&*fns.stage[k], staging, TensorMaps{}), follow(k);
       add(&fns.main[k], L, st.maps), follow(k);
       if (streams.used()) node_of[k] = n - 1;
@@ -1073,6 +1135,7 @@ class GpuBackend final : public Backend {
     if (n != st.nodes.size()) st.nodes.resize(n), same = false;
     if (after != st.after) st.after = std::move(after), same = false;
     if (streams.early != st.early) st.early = streams.early, same = false;
+    if (priorities != st.priorities) st.priorities = std::move(priorities), same = false;
     if (n == 0) return;  // every kernel empty: nothing to launch
     auto launch_of = [](GraphNode& node) {
       node.params = {node.block.data(), &node.maps.a, &node.maps.b};
@@ -1084,7 +1147,7 @@ class GpuBackend final : public Backend {
     if (!same) {
       std::vector<typename Api::Graph::Launch> launches;
       for (GraphNode& node : st.nodes) launches.push_back(launch_of(node));
-      st.graph.build(dev, launches, st.after, st.early);  // early: a call of small kernels, a chain
+      st.graph.build(dev, launches, st.after, st.early, st.priorities);  // early: a call of small kernels, a chain
       counters.graphs_built.fetch_add(1, std::memory_order_relaxed);
     } else {
       for (size_t i = 0; i < st.nodes.size(); ++i)
@@ -1093,6 +1156,7 @@ class GpuBackend final : public Backend {
     st.graph.launch();
     counters.graph_replays.fetch_add(1, std::memory_order_relaxed);
     counters.kernels_overlapped.fetch_add(side_nodes, std::memory_order_relaxed);
+    counters.kernels_filling.fetch_add(fill_nodes, std::memory_order_relaxed);
     counters.kernels_programmatic.fetch_add(st.graph.early_edges(), std::memory_order_relaxed);
     counters.kernels_launched.fetch_add(n, std::memory_order_relaxed);
   }
@@ -1100,16 +1164,18 @@ class GpuBackend final : public Backend {
   // One launch of a kernel as variant v: its shape, its argument block (with the workspace of
   // split rows and stream-K GEMMs, and the buffers of staged operands) into `block`, a wgmma
   // GEMM's tensor maps into `maps`, and where it stages operands the staging kernel's shape
-  // into `staging`.
+  // into `staging`. `fill`: it runs on the fill stream (StreamSchedule::kFill), whose kernels
+  // share a workspace of their own.
   GpuLaunch prepare_launch(Device& dev, const sched::Kernel& kernel, const codegen::Layout& layout, const KernelArgs& args,
-                           const codegen::GpuVariant& v, std::vector<uint64_t>& block, TensorMaps& maps, GpuLaunch& staging) {
+                           const codegen::GpuVariant& v, std::vector<uint64_t>& block, TensorMaps& maps, GpuLaunch& staging,
+                           bool fill = false) {
     const auto& props = dev.properties();
     GpuLaunch L = gpu_launch_shape(kernel, args, v, props.sm_count, props.warp_size);
     uint64_t ws[codegen::kGpuSplitWords] = {}, st[codegen::kGpuStageWords] = {};
     if (v.colsum_slot >= 0 && !v.colsum_of_b) {
       column_sum_workspace(dev, kernel, args, v, ws);
     } else if (v.workspace()) {
-      split_workspace(dev, gpu_workspace_words(kernel, v, L, props.warp_size), L.grid.x * L.grid.z, ws);
+      split_workspace(dev, gpu_workspace_words(kernel, v, L, props.warp_size), L.grid.x * L.grid.z, ws, fill);
     }
     if (v.stage) stage_buffers(dev, args, v, st), staging = gpu_stage_launch(args, v);
     gpu_arg_block(layout, args, v, ws, st, block);
@@ -1132,6 +1198,7 @@ class GpuBackend final : public Backend {
     std::vector<GraphNode> nodes;
     std::vector<std::vector<size_t>> after;  // per node, the nodes it follows (empty: each the one before)
     bool early = false;                      // each node's first edge programmatic (StreamSchedule::early)
+    std::vector<int> priorities;             // per node, its launch priority (empty: its stream's)
     std::vector<uint64_t> block;  // this call's, before it is compared
     TensorMaps maps{};
   };
@@ -1316,8 +1383,8 @@ class GpuBackend final : public Backend {
         GpuLaunch L = prepare_launch(dev, kernels[k], cp.layouts[k], call.args[k], v, block, maps, staging);
         KernelDescription describe{&g, &kernels[k]};
         return time_us(dev, [&] {  // a staging kernel is part of its config's time
-          if (stage) launch_one(*stage, staging, block, maps, describe, dev.stream(), false);
-          launch_one(f, L, block, maps, describe, dev.stream(), false);
+          if (stage) launch_one(*stage, staging, block, maps, describe, dev.stream(), false, 0);
+          launch_one(f, L, block, maps, describe, dev.stream(), false, 0);
         });
       });
       if (choice == Api::kLibraryGemm) by_library[k] = 1;
@@ -1421,9 +1488,11 @@ class GpuBackend final : public Backend {
   // kernels leave the counters at zero again. NOTE: the kernels that use it run on the device's
   // main stream only (schedule_streams), in order, so calls share the workspace; a grown one is
   // zeroed in that stream's order too.
-  void split_workspace(Device& dev, size_t words, unsigned counters, uint64_t* ws) {
+  // `fill`: the fill stream's kernels' own (kiln::idle_fill), in that stream's order likewise.
+  void split_workspace(Device& dev, size_t words, unsigned counters, uint64_t* ws, bool fill) {
     std::lock_guard lock(mu_);
-    grow_workspace(workspaces_[dev.ordinal()], kiln::Device{Api::kind, dev.ordinal()}, words * 8, size_t(counters) * 4, ws);
+    grow_workspace((fill ? fill_workspaces_ : workspaces_)[dev.ordinal()], kiln::Device{Api::kind, dev.ordinal()}, words * 8,
+                   size_t(counters) * 4, ws);
   }
   // Grows w's partials to `part` bytes and its counters to `count` bytes (a grown one zeroed);
   // their addresses into ws[0], ws[1].
@@ -1468,7 +1537,7 @@ class GpuBackend final : public Backend {
   const uint64_t serial_ = next_serial();
   std::mutex mu_;
   std::unordered_map<Hash128, Loaded, Hash128Hasher> cache_;
-  std::unordered_map<int, Workspace> workspaces_;
+  std::unordered_map<int, Workspace> workspaces_, fill_workspaces_;
   std::map<std::pair<int, const sched::Kernel*>, Workspace> column_sums_;
 };
 

@@ -541,9 +541,10 @@ class HipFunction {
   // kernel argument, as hipModuleLaunchKernel takes them. `describe` (shapes,
   // sizes) is put into any error. Counts kernels_launched. In sync mode, waits
   // and checks.
-  // `programmatic` (CUDA's early start of a dependent kernel) has no HIP counterpart: a plain launch.
+  // `programmatic` (CUDA's early start of a dependent kernel) and `priority` (a launch's own
+  // priority) have no HIP counterpart: a plain launch.
   inline void launch(Dim3 grid, Dim3 block, unsigned shared_bytes, void** args, const LazyText& describe = {},
-                     hipStream_t stream = nullptr, bool programmatic = false) const;
+                     hipStream_t stream = nullptr, bool programmatic = false, int priority = 0) const;
 
   // Checks that launches may ask for `bytes` of dynamic shared memory (LDS). AMD
   // has no opt-in: the limit is the device's LDS per block minus the kernel's
@@ -616,6 +617,16 @@ class HipDevice {
     });
     return side_stream_;
   }
+  // The third stream of such a call: its leaf kernels (kiln::idle_fill).
+  hipStream_t fill_stream() {
+    std::call_once(fill_once_, [&] {
+      make_current();
+      check(hip_api().hipStreamCreateWithFlags(&fill_stream_, kStreamDefault), "hipStreamCreateWithFlags (device " + std::to_string(ordinal_) + ")");
+    });
+    return fill_stream_;
+  }
+  // No launch has a priority of its own in HIP: the leaves share their streams' priority.
+  int raised_priority() const { return 0; }
   // Work queued on `stream` after this waits for what `event` last recorded.
   inline void wait(hipStream_t stream, const HipEvent& event) const;
   CachingAllocator& allocator() { return allocator_; }
@@ -665,8 +676,8 @@ class HipDevice {
   int ordinal_;
   const DeviceProperties& properties_;
   hipStream_t stream_ = nullptr;
-  hipStream_t side_stream_ = nullptr;
-  std::once_flag side_once_;
+  hipStream_t side_stream_ = nullptr, fill_stream_ = nullptr;
+  std::once_flag side_once_, fill_once_;
   CachingAllocator allocator_;
   std::atomic<const std::string*> last_kernel_{nullptr};
   std::mutex modules_mutex_;
@@ -905,7 +916,7 @@ inline void HipFunction::set_max_dynamic_shared_memory(int bytes) const {
 }
 
 inline void HipFunction::launch(Dim3 grid, Dim3 block, unsigned shared_bytes, void** args, const LazyText& describe,
-                                hipStream_t stream, bool) const {
+                                hipStream_t stream, bool, int) const {
   const detail::KernelState& k = state();
   if (static_cast<int>(shared_bytes) > k.dynamic_shared_limit.load(std::memory_order_relaxed)) {
     set_max_dynamic_shared_memory(static_cast<int>(shared_bytes));
