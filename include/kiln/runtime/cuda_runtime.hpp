@@ -694,7 +694,8 @@ class CudaGraph {
   // first such edge is programmatic (sm_90 and later, a CUDA 12.3+ driver: the launch may start
   // before that kernel ends, and waits for it first, as every generated kernel does;
   // kiln::programmatic_launch). `priorities` (where given): each node's launch priority, 0 for
-  // its stream's (kiln::idle_fill; a driver without the node attribute keeps the stream's).
+  // its stream's (kiln::idle_fill; a driver without the node attribute, or that refuses it,
+  // keeps the stream's).
   // On failure nothing is left built (the next call builds again) and the error names the kernel.
   void build(CudaDevice& dev, const std::vector<Launch>& launches, const std::vector<std::vector<size_t>>& after = {},
              bool early = false, const std::vector<int>& priorities = {}) {
@@ -724,10 +725,12 @@ class CudaGraph {
         fail(r, "cuGraphAddKernelNode of " + describe(l));
       nodes_.push_back(node);
       if (!priorities.empty() && priorities[i] != 0 && api.cuGraphKernelNodeSetAttribute) {
+        // A hint: a driver that refuses it leaves the node at its stream's priority (logged once).
         LaunchAttribute::Value v{};
         v.i = priorities[i];
-        if (CUresult r = api.cuGraphKernelNodeSetAttribute(node, kLaunchAttributePriority, &v); r != kSuccess)
-          fail(r, "cuGraphKernelNodeSetAttribute (priority) of " + describe(l));
+        static std::atomic<bool> refused{false};
+        if (api.cuGraphKernelNodeSetAttribute(node, kLaunchAttributePriority, &v) != kSuccess && !refused.exchange(true))
+          log(LogTopic::jit, "cuGraphKernelNodeSetAttribute refused a priority for " + describe(l) + ": graph nodes keep their stream's");
       }
       if (e) {
         if (CUresult r = api.cuGraphAddDependencies(graph_, &deps[0], &node, &kProgrammaticEdge, 1); r != kSuccess)
