@@ -28,7 +28,8 @@
 // KILN_BENCH_PDL_AB=1: (with KILN_BENCH_ONLY=w4) the W4 step, (rows) W7, with each kernel launched plainly and as a
 // programmatic dependent of the one before it (kiln::programmatic_launch: calls of small kernels), alternated.
 // KILN_BENCH_FILL_AB=1 (with KILN_BENCH_ONLY=w4): the W4 step with its leaves (the loss's sum, db1, db2) on a
-// third stream below the GEMMs' priority (kiln::idle_fill, off by default) and as before, alternated.
+// third stream below the GEMMs' priority (kiln::idle_fill, off by default) and as before, alternated; then
+// one step of each as a timeline (kiln::timeline: when each kernel's stream reached it, when it ended).
 #include <kiln/kiln.hpp>
 #include <kiln/runtime/cuda_backend.hpp>
 
@@ -756,8 +757,18 @@ static std::string w4_step_bench() {
     launch_ab("kernel overlap", set_kernel_overlap, true, &Counters::kernels_overlapped);
   if (std::getenv("KILN_BENCH_PDL_AB"))  // each kernel started as the one before it ends
     launch_ab("programmatic launch", set_programmatic_launch, true, &Counters::kernels_programmatic);
-  if (std::getenv("KILN_BENCH_FILL_AB"))  // the leaves on SMs the GEMMs leave idle
+  if (std::getenv("KILN_BENCH_FILL_AB")) {  // the leaves on SMs the GEMMs leave idle
     launch_ab("idle fill", set_idle_fill, false, &Counters::kernels_filling);
+    for (bool on : {false, true}) {  // one step's launches on the device's clock (kiln::timeline)
+      set_idle_fill(on), set_timeline(true);
+      for (int i = 0; i < 2; ++i) auto o = evaluate_step(Mode::fused, st);
+      set_idle_fill(false), set_timeline(false);
+      for (const TimelineEntry& e : timeline())
+        std::printf("W4 timeline, idle fill %-3s stream %d  ready %7.3f  end %7.3f ms  %s\n", on ? "on" : "off", e.stream, e.ready_ms, e.end_ms,
+                    e.kernel.c_str());
+    }
+    std::fflush(stdout);
+  }
   // A switch that decides the step's kernels, off and on alternated, three rounds: the kernels
   // launched, the step's times and what `check` says of db1 and db2; then `after`.
   auto sums_ab = [&](const char* what, void (*set)(bool), bool after, const auto& check) {

@@ -992,6 +992,18 @@ TEST_CASE("GPU dispatch: kiln::idle_fill runs a training step's leaves (the loss
     CHECK(filling() == 3);
     CHECK(counters().kernels_filling - c0.kernels_filling == 3);
     CHECK(dev.done_before[0].size() == dev.launched.size());  // the join: the main stream after every launch
+    // kiln::timeline: each launch's stream and its times from the call's start (the fake's timers: 1 ms).
+    set_timeline(true);
+    run(Mode::fused, large);
+    set_timeline(false);
+    const std::vector<TimelineEntry> times = timeline();
+    REQUIRE(times.size() == dev.launched.size());
+    for (size_t i = 0; i < times.size(); ++i) {
+      CHECK(times[i].stream == dev.launched[i].stream);
+      CHECK(times[i].end_ms >= times[i].ready_ms);
+      CHECK(times[i].kernel.find(d.plan->plan.kernels[d.launches[i].first].kind == sched::KernelKind::matmul ? "wgmma" : "rows") !=
+            std::string::npos);
+    }
     // A split-rows leaf has a workspace of its own (the main stream's users keep theirs).
     for (size_t i = 0; i < d.launches.size(); ++i)
       if (dev.launched[i].stream == 2) CHECK(d.vars[d.launches[i].first].workspace());

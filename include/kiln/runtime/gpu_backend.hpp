@@ -997,6 +997,23 @@ class GpuBackend final : public Backend {
     const bool programmatic = streams.early;  // each kernel may start before the one before it ends
     const int raised = streams.fill ? dev.raised_priority() : 0;
     auto stream_of = [&](uint8_t s) { return s == streams.kMain ? dev.stream() : s == streams.kSide ? dev.side_stream() : dev.fill_stream(); };
+    // kiln::timeline_on: per launch, two timers from the call's start, one stopped where its
+    // stream reaches the kernel and one after it.
+    struct Timed {
+      size_t k;
+      int stream;
+      std::unique_ptr<typename Api::Timer> ready, end;
+    };
+    std::vector<Timed> timed;
+    size_t next_timed = 0;
+    const bool timeline = timeline_on() && !profile;
+    if (timeline)
+      for (size_t i = 0; i < n; ++i)
+        if (const size_t k = streams.at(i); call.launches(k)) {
+          Timed& t = timed.emplace_back(Timed{k, streams.used() ? int(streams.side[k]) : 0, std::make_unique<typename Api::Timer>(dev.ordinal()),
+                                              std::make_unique<typename Api::Timer>(dev.ordinal())});
+          t.ready->start(dev.stream()), t.end->start(dev.stream());  // the call's start: before its first kernel
+        }
     bool forked = false;
     auto join = [&] {  // events n + 1, n + 2: the side and fill streams' ends
       if (!forked) return;
@@ -1026,9 +1043,12 @@ class GpuBackend final : public Backend {
         }
         std::optional<typename Api::Timer> timer;  // KILN_PROFILE (one stream): the launch between two events
         if (profile) timer.emplace(dev.ordinal()), timer->start(stream);
+        Timed* t = timeline ? &timed[next_timed++] : nullptr;
+        if (t) t->ready->stop(stream);
         if (by_library[k] && Api::library_gemm(g, kernels[k], cp.layouts[k], call.args[k], dev)) {
           kiln::detail::counters_state().kernels_launched.fetch_add(1, std::memory_order_relaxed);
           if (timer) timer->stop(stream), detail::profile_record(profile_label(g, cp, k, kernels[k]) + " vendor GEMM", timer->elapsed_ms());
+          if (t) t->end->stop(stream);
           continue;
         }
         const codegen::GpuVariant& v = call.vars[k];
@@ -1041,6 +1061,7 @@ class GpuBackend final : public Backend {
         launch_one(fns.main[k], L, block, maps, describe, stream, programmatic, priority);
         if (streams.used() && streams.record[k]) events[k].record(dev, stream);
         if (timer) timer->stop(stream), detail::profile_record(profile_label(g, cp, k, kernels[k]) + " " + variant_text(kernels[k], v), timer->elapsed_ms());
+        if (t) t->end->stop(stream);
       }
     } catch (...) {
       // What the other streams have queued still comes before anything the caller queues next
@@ -1052,6 +1073,15 @@ class GpuBackend final : public Backend {
       throw;
     }
     join();
+    if (timeline) {
+      std::vector<TimelineEntry> entries;
+      for (const Timed& t : timed)
+        entries.push_back({profile_label(g, cp, t.k, kernels[t.k]) + " " + variant_text(kernels[t.k], call.vars[t.k]), t.stream,
+                           t.ready->elapsed_ms(), t.end->elapsed_ms()});
+      auto& state = kiln::detail::timeline_state();
+      std::lock_guard lock(state.mu);
+      state.last = std::move(entries);
+    }
   }
   template <class Stream>
   static void launch_one(const Function& f, const GpuLaunch& L, std::vector<uint64_t>& block, TensorMaps& maps,

@@ -9,6 +9,15 @@
 // profile_report() a table of them; with KILN_PROFILE=1 that table goes to stderr
 // when the process exits. Profiling serialises the launches, so a profiled run is
 // slower than an unprofiled one: the per-kernel times are what it is for.
+//
+// The launch timeline (public API, a GPU diagnostic): with it on (KILN_TIMELINE=1, or
+// kiln::set_timeline(true)) a GPU call launched kernel by kernel keeps its streams and its
+// order (profiling does not), and records for each kernel, in ms on the device's clock from
+// the call's start, when its stream reached it (the kernels before it on that stream and the
+// events it waits for done: the earliest it could start) and when it ended; the call then
+// waits for its kernels. timeline() gives the last such call's entries, in launch order. So
+// one sees which kernels ran beside which (kiln::kernel_overlap, kiln::idle_fill). A call
+// that replays a graph records none.
 #pragma once
 
 #include <algorithm>
@@ -28,7 +37,26 @@ struct KernelProfile {
   double total_ms = 0;
 };
 
+struct TimelineEntry {
+  std::string kernel;  // as in KernelProfile
+  int stream = 0;      // 0 the device's stream, 1 its side stream, 2 its fill stream (kiln::idle_fill)
+  double ready_ms = 0, end_ms = 0;
+};
+
 namespace detail {
+
+struct TimelineState {
+  std::atomic<bool> on{false};
+  std::mutex mu;
+  std::vector<TimelineEntry> last;
+};
+inline TimelineState& timeline_state() {
+  static TimelineState s{[] {
+    const char* v = std::getenv("KILN_TIMELINE");  // on from the start where set and not "0"
+    return v != nullptr && *v != '\0' && std::string(v) != "0";
+  }()};
+  return s;
+}
 
 struct ProfileState {
   std::atomic<bool> on{false};
@@ -41,6 +69,15 @@ inline ProfileState& profile_state() {
 }
 
 }  // namespace detail
+
+inline bool timeline_on() { return detail::timeline_state().on.load(std::memory_order_relaxed); }
+inline void set_timeline(bool on) { detail::timeline_state().on.store(on, std::memory_order_relaxed); }
+// The last timed call's kernels, in launch order.
+inline std::vector<TimelineEntry> timeline() {
+  auto& s = detail::timeline_state();
+  std::lock_guard lock(s.mu);
+  return s.last;
+}
 
 inline bool profiling() { return detail::profile_state().on.load(std::memory_order_relaxed); }
 inline void set_profiling(bool on) { detail::profile_state().on.store(on, std::memory_order_relaxed); }
