@@ -774,7 +774,7 @@ struct StreamSchedule {
   static constexpr int64_t kOverlapGemmWork = int64_t(1) << 33;  // multiply-adds (~25 us on an H200)
   static constexpr int64_t kOverlapWork = int64_t(1) << 23;      // elements of a memory-bound kernel
   static constexpr uint8_t kMain = 0, kSide = 1, kFill = 2;      // the streams
-  std::vector<uint8_t> side;                // per kernel: the stream it runs on (empty: one stream)
+  std::vector<uint8_t> runs_on;             // per kernel: its stream (empty: one stream)
   std::vector<std::array<int, 2>> wait;     // per kernel: first waits for the events after these kernels (-1: none)
   std::vector<uint8_t> record;              // per kernel: an event is recorded after it
   bool fill = false;                        // some kernels on kFill: the others at the raised priority
@@ -784,11 +784,11 @@ struct StreamSchedule {
   // 18.0-18.2 us and its graph from 15.5 to 14.7 us, but W4's step (overlapped, large kernels)
   // 0.5-0.7% longer back to back, three rounds of three: docs/benchmarks.md, thirty-seventh session.
   bool early = false;
-  bool used() const { return !side.empty(); }
+  bool used() const { return !runs_on.empty(); }
   // The i-th kernel to launch.
   size_t at(size_t i) const { return order.empty() ? i : order[i]; }
   // Whether kernel k launches above the fill stream's priority.
-  bool raised(size_t k) const { return fill && side[k] != kFill; }
+  bool raised(size_t k) const { return fill && runs_on[k] != kFill; }
 };
 
 inline StreamSchedule schedule_streams(const sched::Plan& p, const GpuCall& call, const std::vector<uint8_t>& by_library) {
@@ -820,7 +820,7 @@ inline StreamSchedule schedule_streams(const sched::Plan& p, const GpuCall& call
     if (call.launches(k))
       for (int d : reads[k]) read_later[size_t(d)] = 1;
   }
-  s.side.assign(n, s.kMain), s.wait.assign(n, {-1, -1}), s.record.assign(n, 0);
+  s.runs_on.assign(n, s.kMain), s.wait.assign(n, {-1, -1}), s.record.assign(n, 0);
   int prev = -1, waited[3][2] = {{-1, -1}, {-1, -1}, {-1, -1}};  // per stream, the latest kernel of kMain / kSide waited for
   bool any = false;
   for (size_t k = 0; k < n; ++k) {
@@ -836,17 +836,17 @@ inline StreamSchedule schedule_streams(const sched::Plan& p, const GpuCall& call
       on = s.kFill, s.fill = true;  // prev stays: a leaf is no kernel the next one can follow
     } else {
       bool after_prev = prev >= 0 && std::find(reads[k].begin(), reads[k].end(), prev) != reads[k].end();
-      on = prev < 0 || main_only ? s.kMain : s.side[size_t(prev)];
-      if (!main_only && prev >= 0 && large(k) && !after_prev) on = uint8_t(1 - s.side[size_t(prev)]);
+      on = prev < 0 || main_only ? s.kMain : s.runs_on[size_t(prev)];
+      if (!main_only && prev >= 0 && large(k) && !after_prev) on = uint8_t(1 - s.runs_on[size_t(prev)]);
       prev = int(k);
     }
-    s.side[k] = on, any |= on != s.kMain;
+    s.runs_on[k] = on, any |= on != s.kMain;
     // The latest kernel it reads on each other stream (no kernel reads a leaf).
     for (uint8_t from : {s.kMain, s.kSide}) {
       if (from == on) continue;
       int need = -1;
       for (int d : reads[k])
-        if (s.side[size_t(d)] == from) need = std::max(need, d);
+        if (s.runs_on[size_t(d)] == from) need = std::max(need, d);
       if (need > waited[on][from]) s.wait[k][from] = need, s.record[size_t(need)] = 1, waited[on][from] = need;
     }
   }
@@ -854,11 +854,11 @@ inline StreamSchedule schedule_streams(const sched::Plan& p, const GpuCall& call
   if (s.fill) {
     std::vector<std::vector<size_t>> leaves_after(n + 1);  // [n]: leaves that read no launched kernel
     for (size_t k = 0; k < n; ++k)
-      if (call.launches(k) && s.side[k] == s.kFill)
+      if (call.launches(k) && s.runs_on[k] == s.kFill)
         leaves_after[reads[k].empty() ? n : size_t(*std::max_element(reads[k].begin(), reads[k].end()))].push_back(k);
     s.order = leaves_after[n];
     for (size_t k = 0; k < n; ++k)
-      if (!call.launches(k) || s.side[k] != s.kFill) {
+      if (!call.launches(k) || s.runs_on[k] != s.kFill) {
         s.order.push_back(k);
         s.order.insert(s.order.end(), leaves_after[k].begin(), leaves_after[k].end());
       }
@@ -1010,7 +1010,7 @@ class GpuBackend final : public Backend {
     if (timeline)
       for (size_t i = 0; i < n; ++i)
         if (const size_t k = streams.at(i); call.launches(k)) {
-          Timed& t = timed.emplace_back(Timed{k, streams.used() ? int(streams.side[k]) : 0, std::make_unique<typename Api::Timer>(dev.ordinal()),
+          Timed& t = timed.emplace_back(Timed{k, streams.used() ? int(streams.runs_on[k]) : 0, std::make_unique<typename Api::Timer>(dev.ordinal()),
                                               std::make_unique<typename Api::Timer>(dev.ordinal())});
           t.ready->start(dev.stream()), t.end->start(dev.stream());  // the call's start: before its first kernel
         }
@@ -1034,10 +1034,10 @@ class GpuBackend final : public Backend {
         auto stream = dev.stream();
         int priority = 0;
         if (streams.used()) {
-          stream = stream_of(streams.side[k]), priority = streams.raised(k) ? raised : 0;
+          stream = stream_of(streams.runs_on[k]), priority = streams.raised(k) ? raised : 0;
           auto& counters = kiln::detail::counters_state();
-          if (streams.side[k] == streams.kSide) counters.kernels_overlapped.fetch_add(1, std::memory_order_relaxed);
-          if (streams.side[k] == streams.kFill) counters.kernels_filling.fetch_add(1, std::memory_order_relaxed);
+          if (streams.runs_on[k] == streams.kSide) counters.kernels_overlapped.fetch_add(1, std::memory_order_relaxed);
+          if (streams.runs_on[k] == streams.kFill) counters.kernels_filling.fetch_add(1, std::memory_order_relaxed);
           for (int w : streams.wait[k])
             if (w >= 0) dev.wait(stream, events[size_t(w)]);
         }
@@ -1054,7 +1054,7 @@ class GpuBackend final : public Backend {
         const codegen::GpuVariant& v = call.vars[k];
         TensorMaps maps;
         GpuLaunch staging;
-        const bool fill = streams.used() && streams.side[k] == streams.kFill;
+        const bool fill = streams.used() && streams.runs_on[k] == streams.kFill;
         GpuLaunch L = prepare_launch(dev, kernels[k], cp.layouts[k], call.args[k], v, block, maps, staging, fill);
         KernelDescription describe{&g, &kernels[k]};
         if (v.stage) launch_one(*fns.stage[k], staging, block, maps, describe, stream, programmatic, priority);
@@ -1142,7 +1142,7 @@ class GpuBackend final : public Backend {
     auto follow = [&](size_t k) {
       if (!streams.used()) return;
       std::vector<size_t>& a = after.emplace_back();
-      const int s = streams.side[k];
+      const int s = streams.runs_on[k];
       side_nodes += s == streams.kSide, fill_nodes += s == streams.kFill;
       if (streams.fill) priorities.push_back(streams.raised(k) ? raised : 0);
       if (last_on[s] >= 0) a.push_back(size_t(last_on[s]));
@@ -1156,7 +1156,7 @@ class GpuBackend final : public Backend {
       if (!call.launches(k)) continue;
       st.maps = TensorMaps{};  // compared whole: no stale bytes where a kernel has no maps
       GpuLaunch staging;
-      const bool fill = streams.used() && streams.side[k] == streams.kFill;
+      const bool fill = streams.used() && streams.runs_on[k] == streams.kFill;
       GpuLaunch L = prepare_launch(dev, kernels[k], cp.layouts[k], call.args[k], call.vars[k], st.block, st.maps, staging, fill);
       if (call.vars[k].stage) add(&*fns.stage[k], staging, TensorMaps{}), follow(k);
       add(&fns.main[k], L, st.maps), follow(k);
