@@ -690,6 +690,21 @@ void check_ordered(const Dispatch& d, const FakeGpuDevice& dev) {
     if (!staging && d.vars[k].stage) CHECK(ran_before(i - 1));  // the GEMM after its staging kernel
   }
 }
+// Runs `step` in fused mode on fake device 0, recording, with its launch `fail` (counted from 0)
+// failing as a driver's may: the error reaches the caller.
+template <class Step>
+void run_failing(FakeGpuBackend& backend, const Step& step, size_t fail) {
+  FakeGpuDevice& dev = FakeGpuApi::device(0);
+  dev.clear_launched();
+  dev.record = true;
+  dev.fail_launch = dev.launches + fail;
+  ir::Graph g = std::apply([](const auto&... o) { return ir::trace(o...); }, step);
+  auto cp = runtime::plan_for(g, Mode::fused);
+  runtime::Bound b = runtime::bind_buffers(g, cp->plan);
+  CHECK_THROWS_WITH_AS(backend.run(g, *cp, b), doctest::Contains("CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"), Error);
+  dev.fail_launch = size_t(-1);
+  dev.record = false;
+}
 struct OverlapOff {
   OverlapOff() { set_kernel_overlap(false); }
   ~OverlapOff() { set_kernel_overlap(true); }
@@ -851,15 +866,7 @@ TEST_CASE("GPU dispatch: a training step's large independent kernels overlap on 
   // queued still comes before anything the main stream runs next (the allocator's reuse).
   for (size_t fail : {size_t(5), d.launches.size() - 1}) {
     CAPTURE(fail);
-    dev.clear_launched();
-    dev.record = true;
-    dev.fail_launch = dev.launches + fail;
-    ir::Graph g = std::apply([](const auto&... o) { return ir::trace(o...); }, large);
-    auto cp = runtime::plan_for(g, Mode::fused);
-    runtime::Bound b = runtime::bind_buffers(g, cp->plan);
-    CHECK_THROWS_WITH_AS(backend.run(g, *cp, b), doctest::Contains("CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"), Error);
-    dev.fail_launch = size_t(-1);
-    dev.record = false;
+    run_failing(backend, large, fail);
     CHECK(dev.launched.size() == fail);
     CHECK(std::count_if(dev.launched.begin(), dev.launched.end(), [](const auto& l) { return l.stream == 1; }) > 0);
     CHECK(dev.done_before[0].size() == dev.launched.size());
@@ -1021,15 +1028,7 @@ TEST_CASE("GPU dispatch: kiln::idle_fill runs a training step's leaves (the loss
     for (const auto& l : dev.launched) CHECK(l.priority == 0);
     dev.raised = -1;
     // A launch that fails halfway: what the fill stream had queued still comes before what follows.
-    dev.clear_launched();
-    dev.record = true;
-    dev.fail_launch = dev.launches + d.launches.size() - 1;
-    ir::Graph g = std::apply([](const auto&... o) { return ir::trace(o...); }, large);
-    auto cp = runtime::plan_for(g, Mode::fused);
-    runtime::Bound b = runtime::bind_buffers(g, cp->plan);
-    CHECK_THROWS_WITH_AS(backend.run(g, *cp, b), doctest::Contains("CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"), Error);
-    dev.fail_launch = size_t(-1);
-    dev.record = false;
+    run_failing(backend, large, d.launches.size() - 1);
     CHECK(filling() == 3);
     CHECK(dev.done_before[0].size() == dev.launched.size());
     // A small step keeps one stream (no overlap): nothing fills.

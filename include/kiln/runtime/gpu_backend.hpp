@@ -1003,6 +1003,11 @@ class GpuBackend final : public Backend {
       size_t k;
       int stream;
       std::unique_ptr<typename Api::Timer> ready, end;
+      bool vendor = false;  // the vendor library ran it
+    };
+    // A kernel as the profiler and the timeline name it.
+    auto label = [&](size_t k, bool vendor) {
+      return profile_label(g, cp, k, kernels[k]) + (vendor ? " vendor GEMM" : " " + variant_text(kernels[k], call.vars[k]));
     };
     std::vector<Timed> timed;
     size_t next_timed = 0;
@@ -1047,8 +1052,8 @@ class GpuBackend final : public Backend {
         if (t) t->ready->stop(stream);
         if (by_library[k] && Api::library_gemm(g, kernels[k], cp.layouts[k], call.args[k], dev)) {
           kiln::detail::counters_state().kernels_launched.fetch_add(1, std::memory_order_relaxed);
-          if (timer) timer->stop(stream), detail::profile_record(profile_label(g, cp, k, kernels[k]) + " vendor GEMM", timer->elapsed_ms());
-          if (t) t->end->stop(stream);
+          if (timer) timer->stop(stream), detail::profile_record(label(k, true), timer->elapsed_ms());
+          if (t) t->end->stop(stream), t->vendor = true;
           continue;
         }
         const codegen::GpuVariant& v = call.vars[k];
@@ -1060,7 +1065,7 @@ class GpuBackend final : public Backend {
         if (v.stage) launch_one(*fns.stage[k], staging, block, maps, describe, stream, programmatic, priority);
         launch_one(fns.main[k], L, block, maps, describe, stream, programmatic, priority);
         if (streams.used() && streams.record[k]) events[k].record(dev, stream);
-        if (timer) timer->stop(stream), detail::profile_record(profile_label(g, cp, k, kernels[k]) + " " + variant_text(kernels[k], v), timer->elapsed_ms());
+        if (timer) timer->stop(stream), detail::profile_record(label(k, false), timer->elapsed_ms());
         if (t) t->end->stop(stream);
       }
     } catch (...) {
@@ -1076,8 +1081,7 @@ class GpuBackend final : public Backend {
     if (timeline) {
       std::vector<TimelineEntry> entries;
       for (const Timed& t : timed)
-        entries.push_back({profile_label(g, cp, t.k, kernels[t.k]) + " " + variant_text(kernels[t.k], call.vars[t.k]), t.stream,
-                           t.ready->elapsed_ms(), t.end->elapsed_ms()});
+        entries.push_back({label(t.k, t.vendor), t.stream, t.ready->elapsed_ms(), t.end->elapsed_ms()});
       auto& state = kiln::detail::timeline_state();
       std::lock_guard lock(state.mu);
       state.last = std::move(entries);
