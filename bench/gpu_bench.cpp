@@ -27,6 +27,9 @@
 // and by the dW GEMMs from their B operands (kiln::gemm_operand_sums, off by default), alternated.
 // KILN_BENCH_PDL_AB=1: (with KILN_BENCH_ONLY=w4) the W4 step, (rows) W7, with each kernel launched plainly and as a
 // programmatic dependent of the one before it (kiln::programmatic_launch: calls of small kernels), alternated.
+// KILN_BENCH_TAIL_AB=1 (with KILN_BENCH_ONLY=w4): the W4 step with its GEMMs' last waves as whole tiles and cut in
+// K (kiln::gemm_split_tail, off by default), alternated, each with its errors against float64.
+// KILN_BENCH_GEMM_TAIL=1 (with the GEMM rows): W4's GEMMs each in whole tiles and with its tail split, alternated.
 // KILN_BENCH_FILL_AB=1 (with KILN_BENCH_ONLY=w4): the W4 step with its leaves (the loss's sum, db1, db2) on a
 // third stream below the GEMMs' priority (kiln::idle_fill, off by default) and as before, alternated; then
 // one step of each as a timeline (kiln::timeline: when each kernel's stream reached it, when it ended).
@@ -489,7 +492,7 @@ static void gemm_benches() {
           forced("W4 x.t()@dh", x.transpose(0, 1), h, t);
         }
     };
-    if (std::getenv("KILN_BENCH_GEMM_STREAMK")) ab("whole tiles", "stream-K", [](codegen::GemmConfig& c) { c.stream_k = true; });
+    if (std::getenv("KILN_BENCH_GEMM_TAIL")) ab("whole tiles", "split tail", [](codegen::GemmConfig& c) { c.split_tail = c.persistent; });
     if (std::getenv("KILN_BENCH_GEMM_CLUSTER")) ab("as the heuristic", "one block each", [](codegen::GemmConfig& c) { c.cluster = 1; });
     // Where the W4 step spends beyond its plain GEMMs: the forward's fused gelu epilogue, dh's
     // fused gelu' epilogue (it reads the saved pre-activation), the bias gradients' column sums.
@@ -670,8 +673,6 @@ static std::string w4_step_bench() {
     }
     compare(labels, [&gs](codegen::GemmConfig& c, const codegen::GemmProblem&, size_t i) { c.group = gs[i]; });
   }
-  if (std::getenv("KILN_BENCH_GEMM_STREAMK"))  // the persistent GEMMs' last waves as whole tiles, and cut into runs of K steps
-    compare({"in whole tiles", "with stream-K"}, [](codegen::GemmConfig& c, const codegen::GemmProblem&, size_t i) { c.stream_k = i == 1; });
   if (std::getenv("KILN_BENCH_GEMM_CLUSTER"))  // the persistent GEMMs alone, and in clusters of two sharing B's loads
     compare({"one block each", "in clusters of 2"},
             [](codegen::GemmConfig& c, const codegen::GemmProblem&, size_t i) { c.cluster = i == 1 && c.persistent ? 2 : 1; });
@@ -702,7 +703,7 @@ static std::string w4_step_bench() {
                 return;
               }
               for (const codegen::GemmConfig& e : codegen::gemm_candidates(q.dtype, q.arch))
-                if (e.persistent && !e.stream_k && e.stages == 4 && e.bm == 128 && e.bn == 256 && !e.split_epilogue) {
+                if (e.persistent && e.stages == 4 && e.bm == 128 && e.bn == 256 && !e.split_epilogue) {
                   c = codegen::gemm_clustered(e, q);
                   return;
                 }
@@ -796,6 +797,15 @@ static std::string w4_step_bench() {
     sums_ab("B's column sums in the dW GEMMs", set_gemm_operand_sums, gemm_operand_sums(), [&](const auto& o) {
       char b[64];
       std::snprintf(b, sizeof b, "db1 rel. err %.1e, db2 %.1e", w4::rel_err(std::get<3>(o), std::get<3>(ref)),
+                    w4::rel_err(std::get<5>(o), std::get<5>(ref)));
+      return std::string(b);
+    });
+  if (std::getenv("KILN_BENCH_TAIL_AB"))  // the GEMMs' last waves as whole tiles, and cut in K (kiln::gemm_split_tail)
+    sums_ab("split tail", set_gemm_split_tail, gemm_split_tail(), [&](const auto& o) {
+      char b[128];
+      std::snprintf(b, sizeof b, "rel. err loss %.1e, dx %.1e, dW1 %.1e, db1 %.1e, dW2 %.1e, db2 %.1e", w4::rel_err(std::get<0>(o), std::get<0>(ref)),
+                    w4::rel_err(std::get<1>(o), std::get<1>(ref)), w4::rel_err(std::get<2>(o), std::get<2>(ref)),
+                    w4::rel_err(std::get<3>(o), std::get<3>(ref)), w4::rel_err(std::get<4>(o), std::get<4>(ref)),
                     w4::rel_err(std::get<5>(o), std::get<5>(ref)));
       return std::string(b);
     });

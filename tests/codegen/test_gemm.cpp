@@ -20,13 +20,6 @@ using codegen::GemmConfig;
 using codegen::GemmKind;
 using codegen::GemmProblem;
 
-// The persistent GEMM's schedule (device/gemm_walk.h), compiled here for the host.
-namespace walk {
-#define KILN_FN inline
-#include "kiln/codegen/device/gemm_walk.h"
-#undef KILN_FN
-}  // namespace walk
-
 namespace {
 
 // Installs a chooser for the scope: forces `forced` (if any) and records what it saw.
@@ -350,83 +343,110 @@ TEST_CASE("TF32: f32 takes the tensor cores where allowed, on sm_80+, aligned op
   for (const GemmConfig& c : sm86) CHECK(codegen::gemm_shared_bytes(c, {}) <= 99u * 1024);
 }
 
-TEST_CASE("the persistent GEMM's schedule: every K step of every tile once; stream-K cuts a tile at most once, between neighbours") {
+TEST_CASE("the persistent GEMM's schedule: every K step of every tile once; a split tail cuts the last wave's tiles in K, piece by piece") {
   struct Unit {
     int64_t tile;
-    int kb, ke;
+    int kb, ke, piece;
+    int64_t slot;
   };
-  for (int64_t grid : {1, 2, 3, 7, 132})
-    for (int64_t tiles : {int64_t(1), grid - 1, grid, grid + 1, 2 * grid - 1, 2 * grid + 3, 3 * grid, 4 * grid + 1, int64_t(4096), int64_t(1024)})
-      for (int kt : {0, 1, 2, 3, 5, 64, 256})
-        for (bool stream_k : {false, true})
+  for (int64_t grid : {1, 2, 3, 7, 66, 132})
+    for (int64_t tiles : {int64_t(1), grid - 1, grid, grid + 1, 2 * grid - 1, 2 * grid + 3, 3 * grid, 4 * grid + 1, int64_t(4096), int64_t(2048),
+                          int64_t(1024), int64_t(512)})
+      for (int kt : {0, 1, 2, 3, 5, 64, 128, 256})
+        for (bool split : {false, true})
           for (int64_t batches : {1, 2}) {
             if (tiles < 1) continue;
             CAPTURE(grid);
             CAPTURE(tiles);
             CAPTURE(kt);
-            CAPTURE(stream_k);
+            CAPTURE(split);
             CAPTURE(batches);
             std::vector<std::vector<Unit>> by_block(static_cast<size_t>(grid));
             std::vector<int> steps(size_t(tiles * std::max(kt, 1)), 0);
+            const codegen::walk::KilnWalk first(tiles, kt, grid, 0, batches, split);
             for (int64_t b = 0; b < grid; ++b) {
-              walk::KilnWalk w(tiles, kt, grid, b, batches, stream_k);
+              codegen::walk::KilnWalk w(tiles, kt, grid, b, batches, split);
+              CHECK((w.tail == first.tail && w.parts == first.parts));  // every block sees the same cut
               Unit u{};
               while (w.step(u.tile, u.kb, u.ke)) {
                 REQUIRE((u.tile >= 0 && u.tile < tiles && u.kb >= 0 && u.kb <= u.ke && u.ke <= kt));
+                // A piece: the block's units are b, + grid, ... after its whole tiles; its slot is its unit.
+                const int64_t unit = b + (int64_t(by_block[size_t(b)].size()) - (w.whole - b + grid - 1) / grid) * grid;
+                u.piece = u.tile < w.whole ? -1 : w.unit_piece(unit), u.slot = u.tile < w.whole ? -1 : unit;
+                if (u.piece >= 0) CHECK((w.unit_tile(unit) == u.tile && u.kb == w.begin(u.piece) && u.ke == w.begin(u.piece + 1)));
                 by_block[size_t(b)].push_back(u);
                 for (int k = u.kb; k < u.ke; ++k) ++steps[size_t(u.tile * kt + k)];
               }
             }
             // Every K step of every tile exactly once; every tile visited (K = 0: its zeros stored).
             CHECK(std::count(steps.begin(), steps.begin() + tiles * kt, 1) == tiles * kt);
-            std::vector<int> whole(size_t(tiles), 0);
-            int64_t cut = 0;
+            // Where the tail is split (one batch, the tiles leaving a partial last wave, a cut
+            // that pays): 2 .. 8 pieces, at most one a K step.
+            const int64_t tail = first.tail, parts = first.parts, whole = tiles - tail, waves = whole / grid;
+            const bool applies = split && batches == 1 && tiles > grid && tiles % grid != 0 && parts > 1;
+            CHECK((tail > 0) == applies);
+            if (!applies) CHECK(parts == 1);
+            if (applies) {
+              CHECK((tail == tiles % grid && parts >= 2 && parts <= 8 && parts <= kt));
+              CHECK(first.slots() == tail * (parts - 1));
+            }
+            std::vector<int64_t> load;
+            std::vector<std::vector<Unit>> pieces(static_cast<size_t>(tail));
             for (int64_t b = 0; b < grid; ++b) {
               const auto& us = by_block[size_t(b)];
+              int64_t n = 0;
               for (size_t i = 0; i < us.size(); ++i) {
                 const Unit& u = us[i];
-                if (u.kb == 0 && u.ke == kt) ++whole[size_t(u.tile)];
-                if (u.kb > 0) {  // the end of a tile: only as a block's first unit, the previous block's last run beginning it
-                  CHECK(i == 0);
-                  CHECK(u.ke == kt);
-                  REQUIRE(b > 0);
-                  bool begun = false;
-                  for (const Unit& o : by_block[size_t(b - 1)]) begun |= o.tile == u.tile && o.kb == 0 && o.ke == u.kb;
-                  CHECK(begun);
-                  ++cut;
+                n += u.ke - u.kb;
+                if (u.piece < 0) {  // whole tiles first, round the blocks: b, b + grid, ...
+                  CHECK((u.kb == 0 && u.ke == kt && u.tile == b + int64_t(i) * grid));
+                  continue;
                 }
-                if (u.kb == 0 && u.ke < kt) {  // a tile begun here: the next block ends it, first thing
-                  REQUIRE(b + 1 < grid);
-                  REQUIRE(!by_block[size_t(b + 1)].empty());
-                  const Unit& next = by_block[size_t(b + 1)].front();
-                  CHECK((next.tile == u.tile && next.kb == u.ke && next.ke == kt));
-                }
+                // The pieces after the whole tiles: piece p of tail tile t is unit p * tail + t,
+                // round the blocks likewise, so the blocks of one round read the same K range.
+                CHECK(int64_t(i) >= waves);
+                const int64_t unit = u.piece * tail + (u.tile - whole);
+                CHECK(unit % grid == b);
+                CHECK(unit / grid == int64_t(i) - waves);
+                CHECK(u.ke - u.kb >= kt / parts);  // K steps shared out evenly, in order (below)
+                CHECK(u.ke - u.kb <= kt / parts + 1);
+                pieces[size_t(u.tile - whole)].push_back(u);
               }
-            }
-            for (int64_t t = 0; t < tiles; ++t) CHECK(whole[size_t(t)] <= 1);
-            if (grid == 132 && tiles == 4096 && kt == 64 && stream_k && batches == 1) CHECK(cut > 0);  // W4's x @ W1: 136 tiles in runs
-            // Where stream-K applies (one batch, K steps, the tiles leaving a partial last wave),
-            // every block gets the same K steps give or take one; else whole tiles round the blocks.
-            const bool applies = stream_k && batches == 1 && kt > 0 && tiles > grid && tiles % grid != 0;
-            std::vector<int64_t> load;
-            for (const auto& us : by_block) {
-              int64_t n = 0;
-              for (const Unit& u : us) n += u.ke - u.kb;
               load.push_back(n);
             }
-            const auto [lo, hi] = std::minmax_element(load.begin(), load.end());
-            if (kt == 0) CHECK(std::count(whole.begin(), whole.end(), 1) == tiles);
-            if (applies) {
-              CHECK(*hi - *lo <= 1);
-            } else {
-              CHECK(cut == 0);
-              for (int64_t b = 0; b < grid; ++b) {
-                const auto& us = by_block[size_t(b)];
-                CHECK(int64_t(us.size()) == (tiles > b ? (tiles - b + grid - 1) / grid : 0));
-                for (size_t i = 0; i < us.size(); ++i) CHECK(us[i].tile == b + int64_t(i) * grid);
+            // Each tail tile: its pieces in order cover K; each but the last has a slot of its
+            // own (distinct, below slots()); the last comes in a round no earlier than the
+            // others' (it waits for them: no block waits on a later round).
+            std::vector<int> slot_used(size_t(std::max<int64_t>(first.slots(), 0)), 0);
+            for (int64_t t = 0; t < tail; ++t) {
+              auto& ps = pieces[size_t(t)];
+              REQUIRE(int64_t(ps.size()) == parts);
+              std::sort(ps.begin(), ps.end(), [](const Unit& a, const Unit& b) { return a.piece < b.piece; });
+              for (int64_t p = 0; p < parts; ++p) {
+                CHECK(ps[size_t(p)].piece == p);
+                CHECK(ps[size_t(p)].kb == (p == 0 ? 0 : ps[size_t(p - 1)].ke));
+                if (p + 1 < parts) {
+                  REQUIRE((ps[size_t(p)].slot >= 0 && ps[size_t(p)].slot < first.slots()));
+                  ++slot_used[size_t(ps[size_t(p)].slot)];
+                }
               }
+              CHECK(ps.back().ke == kt);
             }
+            CHECK(std::count(slot_used.begin(), slot_used.end(), 1) == int64_t(slot_used.size()));
+            // A split tail finishes before a whole last wave would: no block does more K steps
+            // than one in a whole-tile schedule's last wave.
+            const int64_t most = *std::max_element(load.begin(), load.end());
+            if (applies) CHECK(most < (waves + 1) * kt);
+            else CHECK(most == (tiles + grid - 1) / grid * kt);
           }
+  // W4's GEMMs in clusters of two on 132 SMs (66 clusters): x @ W1 and dy @ W2.t() (2048
+  // cluster tiles, 64 K steps), dW1 and dW2 (1024, 128), h @ W2 and dx (512, 256).
+  for (auto [tiles, kt] : {std::pair<int64_t, int>{2048, 64}, {1024, 128}, {512, 256}}) {
+    const codegen::walk::KilnWalk w(tiles, kt, 66, 0, 1, true);
+    CAPTURE(tiles);
+    CHECK(w.tail == tiles % 66);
+    CHECK(w.parts == 5);
+  }
 }
 
 TEST_CASE("gemm layout facts: K-major or M/N-major operands, 16-byte rows, else no tensor cores") {
@@ -631,17 +651,17 @@ TEST_CASE("the persistent Hopper kernel: a block per SM walks the tiles; it comp
   for (const GemmConfig& c : codegen::gemm_candidates(DType::bf16, 90))
     if (c.persistent) persistent.push_back(c);
   REQUIRE(persistent.size() == 4);  // two with a split epilogue
-  for (GemmConfig c : std::vector(persistent)) {  // each also with stream-K, and in clusters of two blocks (B's
-    CHECK(!c.stream_k);                           // tile in two shares of whole 64-column boxes)
+  for (GemmConfig c : std::vector(persistent)) {  // each also with a split tail, and in clusters of two blocks (B's
+    CHECK(!c.split_tail);                         // tile in two shares of whole 64-column boxes), also split
     CHECK(c.cluster == 1);
-    c.stream_k = true;
+    c.split_tail = true;
     persistent.push_back(c);
-    c.stream_k = false, c.cluster = 2;
-    if (c.bn % 128 == 0) persistent.push_back(c);
+    c.split_tail = false, c.cluster = 2;
+    if (c.bn % 128 == 0) persistent.push_back(c), c.split_tail = true, persistent.push_back(c);
   }
   for (const GemmConfig& c : persistent) {
     CAPTURE(c.str());
-    const std::string suffix = std::string(c.split_epilogue ? "_pe" : "_p") + (c.stream_k ? "k" : "") + (c.cluster > 1 ? "_c2" : "");
+    const std::string suffix = std::string(c.split_epilogue ? "_pe" : "_p") + (c.split_tail ? "t" : "") + (c.cluster > 1 ? "_c2" : "");
     CHECK(c.str().substr(c.str().find("_p")) == suffix);
     CHECK(c.group == 8);
     GemmHook force(c);
@@ -662,14 +682,22 @@ TEST_CASE("the persistent Hopper kernel: a block per SM walks the tiles; it comp
     CHECK((p.src.find("lane < CL) kiln_mbar_arrive_cluster(") != std::string::npos) == (c.cluster > 1));  // lane r to block r
     CHECK((p.src.find("tile += gridDim.x / CL") != std::string::npos) == (c.cluster > 1));
     CHECK((mm[0].epilogue_vec || mm[1].epilogue_vec));
-    // Stream-K: units from KilnWalk, sums handed over through the workspace (the argument
-    // struct's last words); else the plain round of whole tiles.
-    CHECK((p.src.find("walk.step(tile, kb, ke)") != std::string::npos) == c.stream_k);
-    CHECK((p.src.find("kiln_sk_give(d, sk_ws") != std::string::npos) == c.stream_k);
-    CHECK((p.src.find("kiln_sk_take(d, sk_ws") != std::string::npos) == c.stream_k);
-    CHECK((p.src.find("tile += gridDim.x") != std::string::npos) == !c.stream_k);
-    CHECK((p.src.find("kiln_u64 ws[2]") != std::string::npos) == c.stream_k);
-    for (const auto& v : mm) CHECK(v.workspace() == c.stream_k);
+    // A split tail: units from KilnWalk (a cluster's, in clusters; the consumers' whole tiles
+    // in a loop of their own, then the pieces), sums handed over through the workspace (the
+    // argument struct's last words; slots and counts per block of a cluster); else the plain
+    // round of whole tiles.
+    CHECK((p.src.find("walk.step(tile, kb, ke)") != std::string::npos) == c.split_tail);
+    CHECK((p.src.find(c.cluster > 1 ? "KilnWalk walk(kiln_tiles, KT, gridDim.x / CL, blockIdx.x / CL, gridDim.z, true)"
+                                    : "KilnWalk walk(kiln_tiles, KT, gridDim.x, blockIdx.x, gridDim.z, true)") != std::string::npos) ==
+          c.split_tail);
+    const std::string rank = c.cluster > 1 ? " * CL + kiln_crank" : "";
+    CHECK((p.src.find("tile < whole; tile += gridDim.x") != std::string::npos) == c.split_tail);
+    CHECK((p.src.find("unit < walk.units(); unit += gridDim.x") != std::string::npos) == c.split_tail);
+    CHECK((p.src.find("kiln_split_give(d, sk_ws + (unit" + rank + ")") != std::string::npos) == c.split_tail);
+    CHECK((p.src.find("kiln_split_take(d, sk_ws + (place" + rank + ")") != std::string::npos) == c.split_tail);
+    CHECK((p.src.find("tile < kiln_tiles; tile += gridDim.x") != std::string::npos) == !c.split_tail);
+    CHECK((p.src.find("kiln_u64 ws[2]") != std::string::npos) == c.split_tail);
+    for (const auto& v : mm) CHECK(v.workspace() == c.split_tail);
     CHECK((p.src.find("kiln_mbar_wait(stg_full") != std::string::npos) == c.split_epilogue);
     CHECK(jit::cubin_sm(jit::nvrtc_compile(p.src, "kiln_gemm_persistent", 9, 0, codegen::gpu_compile_options(p.vars))) == 90);
     // The GPU test's operands (M, N, K multiples of 8; x and w also transposed) take the forced config.
@@ -691,12 +719,12 @@ TEST_CASE("the persistent Hopper kernel: a block per SM walks the tiles; it comp
   std::vector<codegen::GpuVariant> v8 = p.vars;
   for (auto& v : v8) v.gemm.group = 8;
   CHECK(runtime::variant_key(p.vars) != runtime::variant_key(v8));
-  // Stream-K: its own program too.
+  // A split tail: its own program too.
   std::vector<codegen::GpuVariant> sk = p.vars;
-  for (auto& v : sk) v.gemm.stream_k = true;
+  for (auto& v : sk) v.gemm.split_tail = true;
   CHECK(runtime::variant_key(p.vars) != runtime::variant_key(sk));
-  // Clusters: their own program; not with stream-K, not for a tile whose columns do not split
-  // into 64-column shares, not for a block that is not persistent.
+  // Clusters: their own program; also with a split tail; not for a tile whose columns do not
+  // split into 64-column shares, not for a block that is not persistent.
   std::vector<codegen::GpuVariant> cl = p.vars;
   for (auto& v : cl) v.gemm.cluster = 2;
   CHECK(runtime::variant_key(p.vars) != runtime::variant_key(cl));
@@ -705,9 +733,9 @@ TEST_CASE("the persistent Hopper kernel: a block per SM walks the tiles; it comp
   GemmConfig c2 = persistent.front();
   c2.cluster = 2;
   CHECK(codegen::gemm_fits(c2, prob));
-  c2.stream_k = true;
-  CHECK(!codegen::gemm_fits(c2, prob));
-  c2.stream_k = false, c2.persistent = false;
+  c2.split_tail = true;
+  CHECK(codegen::gemm_fits(c2, prob));
+  c2.split_tail = false, c2.persistent = false;
   CHECK(!codegen::gemm_fits(c2, prob));
   c2.persistent = true, c2.bn = 192;
   CHECK(!codegen::gemm_fits(c2, prob));
@@ -721,7 +749,7 @@ bool rows_skipped(const GpuProgram& p) {
   return false;
 }
 // Every bf16 wgmma candidate, and each persistent one whose tile splits into 64-column shares
-// also in clusters of two and as stream-K; the configs in K steps of 32, alone and in clusters.
+// also in clusters of two, with a split tail and both; the configs in K steps of 32, alone and in clusters.
 std::vector<GemmConfig> wgmma_configs_forced() {
   std::vector<GemmConfig> configs;
   for (const GemmConfig& c : codegen::gemm_candidates(DType::bf16, 90))
@@ -729,7 +757,8 @@ std::vector<GemmConfig> wgmma_configs_forced() {
   for (const GemmConfig& c : std::vector(configs))
     if (c.persistent && c.bn % 128 == 0) {
       configs.push_back(c), configs.back().cluster = 2;
-      configs.push_back(c), configs.back().stream_k = true;
+      configs.push_back(c), configs.back().split_tail = true;
+      configs.push_back(configs.back()), configs.back().cluster = 2;
     }
   for (const GemmConfig& c : codegen::gemm_k32_configs()) configs.push_back(c), configs.push_back(c), configs.back().cluster = 2;
   return configs;
@@ -759,8 +788,8 @@ TEST_CASE("a sum over the rows of a matrix a Hopper GEMM stores (a bias's gradie
     CHECK(p.src.find("kiln_u64 cs[1]") != std::string::npos);
   }
   // Each wgmma config forced (the consumers' epilogue, the split one, persistent, in clusters),
-  // the matmul's own value summed too; the sums compile for sm_90a. Not stream-K: its
-  // workspace is the tiles' hand-over (the rows kernel runs).
+  // the matmul's own value summed too; the sums compile for sm_90a. Not a split tail: its
+  // workspace is the pieces' hand-over (the rows kernel runs).
   const std::vector<GemmConfig> configs = wgmma_configs_forced();
   for (const GemmConfig& c : configs) {
     CAPTURE(c.str());
@@ -769,10 +798,10 @@ TEST_CASE("a sum over the rows of a matrix a Hopper GEMM stores (a bias's gradie
     GpuProgram p = cuda_program(90, mm, kiln::sum(mm, 0));
     REQUIRE(p.matmuls().size() == 1);
     CHECK(p.matmuls()[0].gemm == c);
-    CHECK((p.matmuls()[0].colsum_slot >= 0) == !c.stream_k);
-    CHECK(rows_skipped(p) == !c.stream_k);
-    CHECK((p.src.find("kiln_colsum_tile<0, BM, BN>(") != std::string::npos) == !c.stream_k);
-    if (!c.stream_k) CHECK(jit::cubin_sm(jit::nvrtc_compile(p.src, "kiln_gemm_colsum", 9, 0, codegen::gpu_compile_options(p.vars))) == 90);
+    CHECK((p.matmuls()[0].colsum_slot >= 0) == !c.split_tail);
+    CHECK(rows_skipped(p) == !c.split_tail);
+    CHECK((p.src.find("kiln_colsum_tile<0, BM, BN>(") != std::string::npos) == !c.split_tail);
+    if (!c.split_tail) CHECK(jit::cubin_sm(jit::nvrtc_compile(p.src, "kiln_gemm_colsum", 9, 0, codegen::gpu_compile_options(p.vars))) == 90);
   }
   {  // f16 and f32 (TF32) matrices: formats 1 and 2
     auto xh = Tensor<f16, 2>::empty(Shape<2>{2048, 1024}, cpu()), wh = Tensor<f16, 2>::empty(Shape<2>{1024, 4096}, cpu());
@@ -837,7 +866,7 @@ TEST_CASE("a sum over the rows of a Hopper GEMM's B operand (a bias's gradient b
     CHECK(skipped == 1);
   }
   // Each wgmma config forced: a tile a block, persistent, in clusters of two; not the split
-  // epilogue (its warps are the epilogue's), not stream-K (a tile's K in several blocks).
+  // epilogue (its warps are the epilogue's), not a split tail (a tile's K in several blocks).
   const std::vector<GemmConfig> configs = wgmma_configs_forced();
   for (const GemmConfig& c : configs) {
     CAPTURE(c.str());
@@ -845,7 +874,7 @@ TEST_CASE("a sum over the rows of a Hopper GEMM's B operand (a bias's gradient b
     GpuProgram p = cuda_program(90, matmul(x.transpose(0, 1), dy), kiln::sum(dy, 0));
     REQUIRE(p.matmuls().size() == 1);
     CHECK(p.matmuls()[0].gemm == c);
-    const bool sums = !c.split_epilogue && !c.stream_k && c.bk == 64;  // B's stages in 128-byte rows
+    const bool sums = !c.split_epilogue && !c.split_tail && c.bk == 64;  // B's stages in 128-byte rows
     CHECK(p.matmuls()[0].colsum_of_b == sums);
     CHECK(rows_skipped(p) == sums);
     if (sums) CHECK(jit::cubin_sm(jit::nvrtc_compile(p.src, "kiln_gemm_bsum", 9, 0, codegen::gpu_compile_options(p.vars))) == 90);
@@ -1292,7 +1321,7 @@ TEST_CASE_TEMPLATE("GPU GEMM epilogue in the Hopper kernel: interior tiles 4 col
   }
 }
 
-TEST_CASE("GPU GEMM: the persistent Hopper kernel over more tiles than SMs, each block several tiles, stream-K, clusters") {
+TEST_CASE("GPU GEMM: the persistent Hopper kernel over more tiles than SMs, each block several tiles, a split tail, clusters") {
   if (kiln::default_device() == kiln::cpu() || cuda_arch() != 90) return;
   KILN_TEST_RNG(rng);
   int persistent = 0;
@@ -1300,25 +1329,29 @@ TEST_CASE("GPU GEMM: the persistent Hopper kernel over more tiles than SMs, each
   for (const GemmConfig& c : codegen::gemm_candidates(DType::bf16, 90))
     if (c.persistent) configs.push_back(c), ++persistent;
   CHECK(persistent == 4);  // two with a split epilogue
-  // Each also with stream-K, and in clusters of two blocks; and raster groups of other
-  // heights: 3 (9 tile rows in three groups), 16 (one group, partial).
-  for (int i = 0; i < persistent; ++i) configs.push_back(configs[size_t(i)]), configs.back().stream_k = true;
+  // Each also with a split tail, and in clusters of two blocks, also split; and raster groups
+  // of other heights: 3 (9 tile rows in three groups), 16 (one group, partial).
+  for (int i = 0; i < persistent; ++i) configs.push_back(configs[size_t(i)]), configs.back().split_tail = true;
   for (int i = 0; i < persistent; ++i)
-    if (configs[size_t(i)].bn % 128 == 0) configs.push_back(configs[size_t(i)]), configs.back().cluster = 2;
+    if (configs[size_t(i)].bn % 128 == 0) {
+      configs.push_back(configs[size_t(i)]), configs.back().cluster = 2;
+      configs.push_back(configs.back()), configs.back().split_tail = true;
+    }
   for (int g : {3, 16}) configs.push_back(configs.front()), configs.back().group = g;
   // K steps of 32 (64-byte swizzled K-major rows; not candidates yet), alone and in clusters.
   for (const GemmConfig& c : codegen::gemm_k32_configs()) configs.push_back(c), configs.push_back(c), configs.back().cluster = 2;
-  // On 132 SMs, 128 x 256 tiles: M = 1096, N = 3896 gives 9 x 16 = 144 tiles, with stream-K
-  // every one of them in runs (12 past the first wave, plus one wave), K = 136 three K steps,
-  // the last partial, cut into runs of 3 or 4; M = 2056 gives 17 x 16 = 272: 140 in runs of
-  // K steps, then 132 whole tiles, K = 264 five steps (the ring of stages wraps inside a run).
-  // 128 x 128 tiles: 279 and 527 tiles, 147 and 263 of them in runs. Blocks take a second or
-  // third tile while their producer is already loading it; M and N no multiples of the tile.
-  // In clusters of two, 9 and 17 tile rows leave the last cluster's lower tile wholly past M.
+  // On 132 SMs, 128 x 256 tiles: M = 1096, N = 3896 gives 9 x 16 = 144 tiles; with a split
+  // tail the 12 past the first wave are cut into 3 pieces each (K = 1032: 17 K steps, the last
+  // partial; pieces of 5 or 6), in clusters of two (80 cluster tiles on 66 clusters) the 14 past
+  // the first wave likewise (128 x 128 tiles in clusters: 23 in 2 pieces). M = 2056 gives 17 x 16 = 272 tiles, K = 264 five steps: too few
+  // for a cut to pay (kiln_tail_parts), so a split config walks whole tiles. 128 x 128 tiles:
+  // 279 and 527 tiles. Blocks take a second or third tile while their producer is already
+  // loading it; M and N no multiples of the tile. In clusters of two, 9 and 17 tile rows
+  // leave the last cluster's lower tile wholly past M (it still hands its pieces over).
   // gelu(x @ w + b) and gelu'(x @ w + b) are one GEMM with two stores (W4's forward GEMM), in
   // every config forced, the split epilogue's among them.
   // NOTE: every row 16-byte aligned (M, N and K multiples of 8), as the copy engine needs.
-  for (auto [M, K] : {std::pair<int64_t, int64_t>{1096, 136}, {2056, 264}}) {
+  for (auto [M, K] : {std::pair<int64_t, int64_t>{1096, 1032}, {2056, 264}}) {
     const int64_t N = 3896;
     CAPTURE(M);
     CAPTURE(K);
@@ -1348,7 +1381,7 @@ TEST_CASE("GPU GEMM: the persistent Hopper kernel over more tiles than SMs, each
     Array bound2 = ref::zip(scale2, r.a, [](double p, double q) { return p + std::fabs(q); });
     for (const GemmConfig& c : configs) {
       CAPTURE(c.str());
-      // Twice: a run leaves the stream-K flags as it found them (else the second reads stale sums).
+      // Twice: a run leaves the split tail's counts as it found them (else the second reads stale sums).
       for (int round = 0; round < 2; ++round) {
         CAPTURE(round);
         Batch batch;
@@ -1359,11 +1392,13 @@ TEST_CASE("GPU GEMM: the persistent Hopper kernel over more tiles than SMs, each
         GemmHook hook(c);
         Counters before = counters();
         batch.run();
-        CHECK(counters().kernels_launched - before.kernels_launched == 2);  // one kernel each, stream-K or not
+        CHECK(counters().kernels_launched - before.kernels_launched == 2);  // one kernel each, split or not
         REQUIRE(hook.seen.size() == 2);
         for (const GemmProblem& p : std::vector(hook.seen)) {
           CHECK(codegen::gemm_choose(p) == c);
           CHECK(codegen::gemm_tiles(c, p) > 132);
+          // The first shape's tail is cut (in 2 or 3 pieces), the second's not.
+          CHECK((codegen::gemm_walk(c, p.m, p.n, p.k, p.batch, p.sm_count).parts > 1) == (c.split_tail && K == 1032));
         }
       }
     }

@@ -10,6 +10,7 @@
 // variant, and a repeat call loads nothing. In reduce-overhead mode the same launches come
 // from a graph (the fake's keeps each node's arguments as a driver does): built once,
 // replayed, a node updated where its arguments changed, rebuilt where a launch shape did.
+#include <map>
 #include <set>
 #include <thread>
 
@@ -807,6 +808,80 @@ TEST_CASE("GPU dispatch: with B's column sums in the GEMMs (kiln::gemm_operand_s
   backend.run(g, *cp, b);  // a database hit
   CHECK(counters().tunings == c0.tunings);
   CHECK(counters().kernels_launched - c0.kernels_launched == 1);  // the GEMM alone: the heuristic's config sums
+}
+
+TEST_CASE("GPU dispatch: with a split tail (kiln::gemm_split_tail) the GEMMs whose last wave is partial cut it in K; each stream's "
+          "GEMMs use that stream's workspace") {
+  KILN_TEST_RNG(rng);
+  FakeGpuBackend backend;
+  FakeGpuDevice& dev = FakeGpuApi::device(0);  // an sm_90 of 132 SMs: persistent wgmma GEMMs
+  // x [2048, 2048], W1 [2048, 4352]: x @ W1, dy @ W2.t(), dW1 and dW2 are 272 tiles of 128 x 256
+  // in clusters of two (136 cluster tiles on 66 clusters: 4 past two waves, 32 K steps), cut;
+  // h @ W2 and dx are 128 tiles (one partial wave, nothing after it), not.
+  const auto st = w4_step(rng, 2048, 2048, 4352);
+  REQUIRE(!gemm_split_tail());  // off by default
+  Dispatch off = w4_dispatch(backend, st);
+  struct SplitTail {
+    SplitTail() { set_gemm_split_tail(true); }
+    ~SplitTail() { set_gemm_split_tail(false); }
+  };
+  SplitTail on_scope;
+  Dispatch on = w4_dispatch(backend, st);  // the launches checked, the workspaces grown
+  CHECK(on.launches.size() == off.launches.size());
+  // The same call again, each argument block recorded with its workspace's two words.
+  ir::Graph g = std::apply([](const auto&... o) { return ir::trace(o...); }, st);
+  auto cp = runtime::plan_for(g, Mode::fused);
+  runtime::Bound b = runtime::bind_buffers(g, cp->plan);
+  for (size_t i = 0; i < on.launches.size(); ++i)
+    if (on.vars[on.launches[i].first].workspace()) dev.record_words[i] += codegen::kGpuSplitWords;
+  dev.clear_launched();
+  dev.record = true;
+  backend.run(g, *cp, b);
+  dev.record = false;
+  REQUIRE(dev.launched.size() == on.launches.size());
+  const auto& kernels = on.plan->plan.kernels;
+  int split = 0;
+  std::map<int, std::set<uint64_t>> ws_by_stream;  // each stream's workspace (its partials' address), as its kernels have it
+  for (size_t i = 0; i < on.launches.size(); ++i) {
+    const size_t k = on.launches[i].first;
+    const codegen::GpuVariant& v = on.vars[k];
+    const auto& L = dev.launched[i];
+    if (v.workspace()) ws_by_stream[L.stream].insert(L.words[L.words.size() - codegen::kGpuSplitWords]);
+    if (kernels[k].kind != sched::KernelKind::matmul) continue;
+    CAPTURE(k);
+    CHECK(!off.vars[k].gemm.split_tail);
+    REQUIRE(v.gemm.persistent);
+    // The heuristic's split where the walk finds a cut that pays; the kernel then has a workspace.
+    CHECK(v.workspace() == v.gemm.split_tail);
+    if (!v.gemm.split_tail) {
+      CHECK(v.gemm == off.vars[k].gemm);
+      continue;
+    }
+    ++split;
+    CHECK(v.gemm.cluster == 2);
+    CHECK(L.grid.x == 132);
+    codegen::GemmConfig whole = v.gemm;
+    whole.split_tail = false;
+    CHECK(whole == off.vars[k].gemm);
+  }
+  CHECK(split == 4);
+  // Each stream's kernels share its workspace; no two streams share one.
+  std::set<uint64_t> all;
+  for (const auto& [stream, ws] : ws_by_stream) {
+    CAPTURE(stream);
+    CHECK(ws.size() == 1);
+    all.insert(ws.begin(), ws.end());
+  }
+  CHECK(all.size() == ws_by_stream.size());
+  CHECK(ws_by_stream.size() == 2);  // split GEMMs on the side stream too (kiln::kernel_overlap)
+  // The workspace a split GEMM asks for: a tile of floats for each piece that hands its sums
+  // over, per block of a cluster (KilnWalk::slots).
+  codegen::GemmConfig c = on.vars[on.launches[0].first].gemm;
+  REQUIRE(c.split_tail);
+  const auto walk = codegen::gemm_walk(c, 2048, 4352, 2048, 1, 132);
+  CHECK(walk.tail == 4);
+  CHECK(walk.parts == 4);
+  CHECK(walk.slots() == 12);
 }
 
 TEST_CASE("GPU dispatch: a training step's large independent kernels overlap on two streams and in a graph, each after all it reads") {

@@ -65,16 +65,17 @@ struct GemmConfig {
   // consumers leave each tile's accumulators in shared memory (in the output's 16-bit dtype:
   // the matmul's own value) and go on to the next tile's MMAs while it is stored (gemm_sm90.hpp).
   bool split_epilogue = false;
-  // wgmma, persistent only: where the tiles leave the grid's last wave partial, that wave and
-  // the full one before it are shared out as equal runs of K steps, one a block, instead of
-  // whole tiles (stream-K; device/gemm_walk.h), so no SM idles through the last wave.
-  bool stream_k = false;
+  // wgmma, persistent only: where the tiles leave the grid's last wave partial, those tiles are
+  // cut in K into pieces that go round the blocks after the whole tiles, all blocks on the same
+  // K range at once, and each tile's last piece adds the others' sums (a split tail;
+  // device/gemm_walk.h), so most SMs no longer idle through the last wave.
+  bool split_tail = false;
   // Tiles of a raster group, one above the other: consecutive tiles walk down a group before
   // the next column, so a wave of blocks shares A's row panels and B's column panels in L2.
   // NOTE: on an H200 W4's step took the same time at 16 as at 8, longer at 32 and 64
   // (KILN_BENCH_GEMM_GROUPS; docs/benchmarks.md, twelfth session).
   int group = 8;
-  // wgmma, persistent, not stream-K: blocks work in clusters of this many (1 or 2) on tiles
+  // wgmma, persistent: blocks work in clusters of this many (1 or 2) on tiles
   // one above the other, which share B's tile: each block's copy engine brings its half of
   // B's box into both blocks' shared memory (TMA multicast), so a 128x256 block reads 3/4 of
   // the bytes from L2 that it would alone (cuBLAS's kernels for W4 run in clusters of two).
@@ -99,7 +100,7 @@ struct GemmConfig {
     static const char* names[] = {"simt", "mma", "wgmma", "mfma"};
     return std::string(names[int(kind)]) + "_" + std::to_string(bm) + "x" + std::to_string(bn) +
            "x" + std::to_string(bk) + "_" + std::to_string(wm) + "x" + std::to_string(wn) + "_s" + std::to_string(stages) +
-           (persistent ? "_p" : "") + (split_epilogue ? "e" : "") + (stream_k ? "k" : "") + (group != 8 ? "_g" + std::to_string(group) : "") +
+           (persistent ? "_p" : "") + (split_epilogue ? "e" : "") + (split_tail ? "t" : "") + (group != 8 ? "_g" + std::to_string(group) : "") +
            (cluster > 1 ? "_c" + std::to_string(cluster) : "") + (k_slices > 1 ? "_ks" + std::to_string(k_slices) : "") +
            (split_k > 1 ? "_sk" + std::to_string(split_k) : "");
   }
@@ -131,6 +132,8 @@ struct GemmProblem {
   bool heavy_epilogue = false;
   // f32 on TF32 tensor cores is allowed (kiln::allow_tf32()).
   bool tf32 = false;
+  // A persistent config splits its last wave's tiles in K where that pays (kiln::gemm_split_tail()).
+  bool split_tail = false;
 };
 
 inline bool gemm_has_mma(DType d, int arch, bool tf32 = false) {
@@ -197,7 +200,7 @@ inline bool gemm_fits(const GemmConfig& c, const GemmProblem& p) {
   if (c.kind == GemmKind::wgmma)
     return p.tma_ok && p.tensor_ok && gemm_has_wgmma(p.dtype, p.arch, p.tf32) &&
            (c.bk * o.elem_bytes == 128 || (c.bk == 32 && o.elem_bytes == 2)) && !(c.split_epilogue && p.dtype == DType::f32) &&
-           (c.cluster == 1 || (c.persistent && !c.stream_k && c.bn % (64 * c.cluster) == 0)) &&
+           (c.cluster == 1 || (c.persistent && c.bn % (64 * c.cluster) == 0)) &&
            gemm_shared_bytes(c, o) <= gemm_max_shared(p.arch);
   if (c.kind == GemmKind::mma)
     return p.tensor_ok && gemm_has_mma(p.dtype, p.arch, p.tf32) && gemm_shared_bytes(c, o) <= gemm_max_shared(p.arch);
@@ -249,9 +252,7 @@ inline std::vector<GemmConfig> gemm_candidates(DType d, int arch, bool tf32 = fa
     // epilogue beside the other's MMAs) made W4's step slower on an H200: 10.72-11.02 against
     // 10.27-10.55 ms on its two GEMMs with gelu, 11.58-11.86 on all six (branch gemm-pingpong;
     // docs/benchmarks.md, twenty-fifth session).
-    // NOTE: stream_k is left off: on an H200 it made W4's GEMMs with K = 16384 27% slower
-    // (h @ W2 1.39 -> 1.76 ms), the rest 0-5%, the step 10.74 -> 11.55 ms: blocks working at
-    // different K offsets no longer share A's and B's panels in L2 (KILN_BENCH_GEMM_STREAMK).
+    // NOTE: split_tail is left to the heuristic (gemm_split): no candidate of its own.
     hopper = {{K::wgmma, 128, 256, 64, 64, 256, 4, true}, {K::wgmma, 128, 128, 64, 64, 128, 6},
               {K::wgmma, 128, 192, 64, 64, 192, 4}, {K::wgmma, 128, 256, 64, 64, 256, 4},
               {K::wgmma, 128, 256, 64, 64, 256, 3}, {K::wgmma, 128, 128, 64, 64, 128, 6, true},
@@ -304,6 +305,34 @@ inline int64_t gemm_tiles(const GemmConfig& c, const GemmProblem& p) {
   return ((p.m + c.bm - 1) / c.bm) * ((p.n + c.bn - 1) / c.bn) * p.batch;
 }
 
+// The persistent kernel's walk (device/gemm_walk.h), compiled for the host too.
+namespace walk {
+#define KILN_FN inline
+#include "kiln/codegen/device/gemm_walk.h"
+#undef KILN_FN
+}  // namespace walk
+
+// A persistent config's walk over an [m, k] x [k, n] problem (batch of them) on `sm_count`
+// SMs, as its first block (or cluster) begins it: where it splits its tail, how (the launch's
+// grid: a block, or a cluster, an SM up to the tiles; runtime's gpu_launch_shape).
+inline walk::KilnWalk gemm_walk(const GemmConfig& c, int64_t m, int64_t n, int64_t k, int64_t batch, int sm_count) {
+  const int64_t cl = c.cluster, tiles = ((m + c.bm * cl - 1) / (c.bm * cl)) * ((n + c.bn - 1) / c.bn);
+  return walk::KilnWalk(tiles, int((k + c.bk - 1) / c.bk), std::min<int64_t>(tiles, std::max<int64_t>(sm_count / cl, 1)), 0, batch,
+                        c.persistent && c.split_tail);
+}
+
+// A persistent config whose last wave of tiles is split in K (GemmConfig::split_tail), where
+// kiln::gemm_split_tail() asks for it and the walk finds a cut that pays (kiln_tail_parts). Off
+// by default: not yet timed. (Its predecessor, stream-K, cut the last wave and a full one into a
+// run of K steps a block: on an H200 W4's GEMMs with K = 16384 ran 27% slower, h @ W2 1.39 ->
+// 1.76 ms, the rest 0-5%, the step 10.74 -> 11.55 ms, blocks at different K offsets reading
+// A's and B's panels alone; docs/benchmarks.md, fourteenth session.)
+inline GemmConfig gemm_split(const GemmConfig& c, const GemmProblem& p) {
+  GemmConfig t = c;
+  t.split_tail = true;
+  return p.split_tail && c.persistent && gemm_walk(t, p.m, p.n, p.k, p.batch, p.sm_count).parts > 1 ? t : c;
+}
+
 // A persistent config in clusters of two blocks, where one matrix (no batch) holds two full
 // waves of tiles or more in 8 tile rows or more: a cluster takes two tiles one above the
 // other, so an odd last tile row leaves a block idle (at most 1 in rows + 1). NOTE: on an
@@ -321,15 +350,16 @@ inline GemmConfig gemm_clustered(const GemmConfig& c, const GemmProblem& p) {
 // What max-autotune times for this problem: the candidates that fit it; a split epilogue
 // only where the epilogue is heavy; where wgmma fits, no mma config (on an H200 every mma
 // config ran at half wgmma's speed or less: docs/benchmarks.md; compiling them was a
-// third of W4's tuning time); persistent ones in clusters where the heuristic would cluster;
-// and the heuristic's own choice (a SIMT tile's split-K depends on the problem).
+// third of W4's tuning time); persistent ones in clusters where the heuristic would cluster,
+// and where kiln::gemm_split_tail() is on each also with its tail split; and the heuristic's own choice (a SIMT tile's split-K depends on the problem).
 inline GemmConfig gemm_heuristic(const GemmProblem& p);
 inline std::vector<GemmConfig> gemm_tuning_candidates(const GemmProblem& p) {
   std::vector<GemmConfig> all = gemm_candidates(p.dtype, p.tensor_ok ? p.arch : 0, p.tf32), out;
   bool hopper = std::any_of(all.begin(), all.end(), [&](const GemmConfig& c) { return c.kind == GemmKind::wgmma && gemm_fits(c, p); });
   for (const GemmConfig& c : all)
     if (gemm_fits(c, p) && !(hopper && c.kind == GemmKind::mma) && (p.heavy_epilogue || !c.split_epilogue))
-      out.push_back(gemm_clustered(c, p));
+      for (const GemmConfig& t : {gemm_clustered(c, p), gemm_split(gemm_clustered(c, p), p)})  // split: a candidate beside
+        if (std::find(out.begin(), out.end(), t) == out.end()) out.push_back(t);                // the whole tiles'
   if (GemmConfig h = gemm_heuristic(p); std::find(out.begin(), out.end(), h) == out.end()) out.push_back(h);
   return out;
 }
@@ -395,7 +425,7 @@ inline GemmConfig gemm_heuristic(const GemmProblem& p) {
     return c;
   };
   for (const GemmConfig& c : ladder)
-    if (gemm_tiles(c, p) * 10 >= p.sm_count * 9) return gemm_clustered(with_epilogue_wg(c), p);
+    if (gemm_tiles(c, p) * 10 >= p.sm_count * 9) return gemm_split(gemm_clustered(with_epilogue_wg(c), p), p);
   return ladder.back();
 }
 

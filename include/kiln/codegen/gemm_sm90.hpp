@@ -29,19 +29,20 @@
 // counted across its tiles, so the producer fills the ring with the next tile's K steps
 // while the consumers still store this one, and no block start or pipeline fill is paid
 // per tile.
-// Stream-K (GemmConfig::stream_k, persistent): the block walks units of K steps instead
-// (KilnWalk, device/gemm_walk.h). A unit that ends a tile another block begins leaves its
-// sums in the block's workspace slot (kiln_sk_give); the block that begins the tile adds them
-// before its epilogue (kiln_sk_take); the split epilogue's warps skip the units that store
-// nothing.
-// Clusters (GemmConfig::cluster, persistent, not stream-K): CL blocks (__cluster_dims__) take
+// Split tail (GemmConfig::split_tail, persistent): the block walks units of K steps (KilnWalk,
+// device/gemm_walk.h): whole tiles, then pieces of the last wave's tiles cut in K. A piece that
+// ends before K leaves its sums in its workspace slot (kiln_split_give); the tile's last piece
+// adds them before its epilogue (kiln_split_take); the split epilogue's warps skip the pieces
+// that store nothing. In a cluster every block takes the cluster's units, each with its own
+// slots and counts.
+// Clusters (GemmConfig::cluster, persistent): CL blocks (__cluster_dims__) take
 // the CL tiles of one column of tiles, one above the other, so they share B's tile: each
 // block's producer brings its 1/CL of it into every block of the cluster (TMA multicast),
 // completing bytes on each block's own `full` barrier, and a stage is free (`empty`) once
 // every consumer warp of the cluster has given it back. The blocks meet (barrier.cluster)
 // after initialising their barriers and before they leave. A block whose tile lies wholly
 // past M reads A from row 0 and stores nothing.
-// B's column sums (GemmColumnSums::of_b; not split, not stream-K, B N-major): warps 1 and 2
+// B's column sums (GemmColumnSums::of_b; not split, not a split tail, B N-major): warps 1 and 2
 // of the producer warpgroup, idle otherwise, follow every K step as a third party of the
 // stage ring (they too give each stage back before the producer refills it); in the blocks
 // of the first tile row (m0 = 0), whose tiles read all of K for their columns, they add the
@@ -81,10 +82,10 @@ inline bool wgmma_sw64(const GemmConfig& c, int elem_bytes) { return c.bk * elem
 
 // Whether a GEMM of config c over operands o in dtype d can sum its B operand's columns over K
 // (GpuVariant::colsum_of_b): the wgmma kind, whose producer warpgroup has idle warps (not the
-// split epilogue's), the first tile row's blocks each owning whole columns of B (not stream-K),
+// split epilogue's), the first tile row's blocks each owning whole columns of B (not a split tail),
 // B read in place N-major in 16 bits (TF32 stages B K-major), in 128-byte rows (b_column_sums).
 inline bool gemm_sums_b(const GemmConfig& c, const GemmOperands& o, DType d) {
-  return c.kind == GemmKind::wgmma && !c.split_epilogue && !(c.persistent && c.stream_k) && !o.b_k_major &&
+  return c.kind == GemmKind::wgmma && !c.split_epilogue && !(c.persistent && c.split_tail) && !o.b_k_major &&
          (d == DType::bf16 || d == DType::f16) && !wgmma_sw64(c, 2);
 }
 
@@ -107,11 +108,11 @@ class WgmmaWriter {
 
   std::string body(const std::string& prelude = "") const {
     auto S = [](int v) { return std::to_string(v); };
-    const bool persistent = c_.persistent, split = c_.persistent && c_.split_epilogue, sk = c_.persistent && c_.stream_k;
-    const int cl = c_.cluster;  // blocks of a cluster, sharing B's tile (gemm_fits: persistent, not stream-K)
+    const bool persistent = c_.persistent, split = c_.persistent && c_.split_epilogue, sk = c_.persistent && c_.split_tail;
+    const int cl = c_.cluster;  // blocks of a cluster, sharing B's tile (gemm_fits: persistent)
     const bool b_sums = sums_.format >= 0 && sums_.of_b;
     if (b_sums && !gemm_sums_b(c_, o_, d_)) throw Error("kiln: internal error: B's column sums in a " + c_.str() + " GEMM (gemm_sums_b)");
-    // A unit's K steps: the whole tile's, or a stream-K run's part of it.
+    // A unit's K steps: the whole tile's, or a split tail's piece of it.
     const std::string KB = sk ? "kb" : "0", KE = sk ? "ke" : "KT";
     std::string s = w_.head(prelude);
     s += "  constexpr int STAGES = " + S(c_.stages) + ", CONSUMERS = BM / WM;\n";
@@ -137,9 +138,9 @@ class WgmmaWriter {
     if (cl > 1)
       s += "  constexpr int CL = " + S(cl) + ";\n  const int64_t kiln_tiles = ((Mr + BM * CL - 1) / (BM * CL)) * ((N + BN - 1) / BN);\n" +
            "  const uint32_t kiln_crank = kiln_cluster_rank();\n";
-    if (sk) s += "  float* const sk_ws = (float*)args.ws[0];\n  unsigned* const sk_flags = (unsigned*)args.ws[1];\n";
+    if (sk) s += "  float* const sk_ws = (float*)args.ws[0];\n  unsigned* const sk_counts = (unsigned*)args.ws[1];\n";
     if (sums_.format >= 0 && !b_sums) {
-      if (sk) throw Error("kiln: internal error: column sums in a stream-K GEMM");
+      if (sk) throw Error("kiln: internal error: column sums in a split-tail GEMM");
       s += "  float* const cs_part = (float*)args.ws[0];\n  unsigned* const cs_count = (unsigned*)args.ws[1];\n";
     }
     // The batch coordinate of each operand's map (0 where its batch is broadcast: the map has one).
@@ -155,14 +156,15 @@ class WgmmaWriter {
     s += std::string("    kiln_mbar_init_fence();\n  }\n  ") + (cl > 1 ? "kiln_cluster_sync();\n" : "__syncthreads();\n");
     // Steps are counted over the block's tiles (g): step g uses stage g % STAGES, for the
     // (g / STAGES)-th time, so each barrier's phase parity follows from g alone.
-    // Persistent: the block's tiles blockIdx.x, + gridDim.x, ...; stream-K: its units
-    // (KilnWalk), `whole_only` skipping the ends of tiles that other blocks store; else its one tile.
+    // Persistent: the block's tiles blockIdx.x, + gridDim.x, ... (a cluster's: blockIdx.x / CL,
+    // + gridDim.x / CL); a split tail: its units (KilnWalk), `whole_only` skipping the pieces
+    // that end before K (they store nothing); else its one tile. (The consumers open theirs below.)
+    const std::string block = cl > 1 ? "blockIdx.x / CL" : "blockIdx.x", grid = cl > 1 ? "gridDim.x / CL" : "gridDim.x";
     auto tiles_open = [&](const std::string& ind, bool whole_only = false) {
       if (!persistent) return std::string();
-      std::string t = cl > 1 ? ind + "for (int64_t tile = blockIdx.x / CL; tile < kiln_tiles; tile += gridDim.x / CL) {\n"
-                      : !sk  ? ind + "for (int64_t tile = blockIdx.x; tile < kiln_tiles; tile += gridDim.x) {\n"
-                          : ind + "KilnWalk walk(kiln_tiles, KT, gridDim.x, blockIdx.x, gridDim.z, true);\n" + ind + "int kb, ke;\n" +
-                                ind + "for (int64_t tile; walk.step(tile, kb, ke);) {\n" + (whole_only ? ind + "  if (kb > 0) continue;\n" : "");
+      std::string t = !sk ? ind + "for (int64_t tile = " + block + "; tile < kiln_tiles; tile += " + grid + ") {\n"
+                          : ind + "KilnWalk walk(kiln_tiles, KT, " + grid + ", " + block + ", gridDim.z, true);\n" + ind + "int kb, ke;\n" +
+                                ind + "for (int64_t tile; walk.step(tile, kb, ke);) {\n" + (whole_only ? ind + "  if (ke < KT) continue;\n" : "");
       return t + ind + "  int64_t m0, n0;\n" + GemmWriter::tile_origin("tile", ind + "  ", c_.group, cl);
     };
     auto tiles_close = [&](const std::string& ind) { return persistent ? ind + "}\n" : std::string(); };
@@ -205,55 +207,83 @@ class WgmmaWriter {
       return k_major ? "kiln_wgmma_desc(" + base + (sw64 ? ", 16, 512, true)" : ", 16, 1024)") : "kiln_wgmma_desc(" + base + ", BOX, 1024)";
     };
     s += "    const unsigned long long da0 = " + desc(o_.a_k_major, "sA + c * (64 * BK * E)") + ", db0 = " + desc(o_.b_k_major, "sB") + ";\n";
-    s += std::string("    float d[BN / 2];\n    unsigned g = 0;\n") + (split ? "    int tiles_done = 0;\n" : "") + tiles_open("    ");
-    s += "#pragma unroll\n    for (int i = 0; i < BN / 2; ++i) d[i] = 0.f;\n";
-    s += "    for (int kt = " + KB + "; kt < " + KE + "; ++kt, ++g) {\n      const int s = g % STAGES;\n";
-    s += "      kiln_mbar_wait(full0 + 8 * s, (g / STAGES) & 1);\n";
-    s += "      const unsigned long long das = da0 + s * (A_STAGE / 16), dbs = db0 + s * (B_STAGE / 16);\n      kiln_wgmma_fence();\n";
-    s += "#pragma unroll\n      for (int ks = 0; ks < BK / KS; ++ks) {\n";
-    // A K16 step: 32 bytes on along a K-major tile's swizzled rows, 16 rows (2048 bytes) down an M/N-major one.
-    s += std::string("        const unsigned long long da = das + ks * ") + (o_.a_k_major ? "2" : "128") + ", db = dbs + ks * " +
-         (o_.b_k_major ? "2" : "128") + ";\n";
-    s += mma_instruction("        ");
-    s += "      }\n      kiln_wgmma_commit();\n      kiln_wgmma_wait<1>();\n";
-    // The previous step's MMAs have finished reading their stage: back to the producer.
-    s += "      " + release_if("kt > " + KB, "empty0 + 8 * ((g - 1) % STAGES)") + "\n    }\n";
-    // Once all MMAs are done the last step's stage goes back too: the producer is already
-    // loading the next tile while this one is stored.
-    // Stream-K: a tile this block begins and the next one ends takes that block's sums in.
-    const std::string sk_args = ", threadIdx.x - 128, CONSUMERS * 128, CONSUMERS + 1);\n";
-    const std::string done =
-        "kiln_wgmma_wait<0>();\n" +
-        (persistent ? "      " + release_if(KE + " > " + KB, "empty0 + 8 * ((g - 1) % STAGES)") + "\n" : "") +
-        (sk ? "      if (ke < KT) kiln_sk_take(d, sk_ws + (blockIdx.x + 1) * (size_t)(BM * BN), sk_flags + blockIdx.x + 1" + sk_args : "");
-    // Stream-K: the end of a tile that the previous block begins leaves its sums to it.
-    if (sk)
-      s += "    if (kb > 0) {\n      kiln_wgmma_wait<0>();\n      if (lane == 0) kiln_mbar_arrive(empty0 + 8 * ((g - 1) % STAGES));\n"
-           "      kiln_sk_give(d, sk_ws + blockIdx.x * (size_t)(BM * BN), sk_flags + blockIdx.x" + sk_args + "      continue;\n    }\n";
-    // Accumulators: warp w of the warpgroup holds rows 16w .. 16w+15; per 8 columns j, d[4j .. 4j+3]
-    // at (lane/4, 2*(lane%4) + 0/1) and eight rows below (mma.sync's C fragment). A tile inside
-    // the output stores without a test per element.
-    auto stores = [&](bool checked) {
-      std::string t = "#pragma unroll\n    for (int j = 0; j < BN / 8; ++j)\n#pragma unroll\n    for (int q = 0; q < 4; ++q) {\n";
-      t += "      const int64_t row = m0 + c * 64 + w * 16 + lane / 4 + (q / 2) * 8, col = n0 + j * 8 + (lane % 4) * 2 + q % 2;\n";
-      return t + w_.emit_store("      ", "row", "col", "d[j * 4 + q]", checked) + "    }\n";
+    s += std::string("    float d[BN / 2];\n    unsigned g = 0;\n") + (split ? "    int tiles_done = 0;\n" : "");
+    // One unit of the consumers' walk: a whole tile, or (pieces) a split tail's piece of one.
+    auto unit_body = [&](bool pieces) {
+      const std::string KB = pieces ? "kb" : "0", KE = pieces ? "ke" : "KT";
+      std::string u = "#pragma unroll\n    for (int i = 0; i < BN / 2; ++i) d[i] = 0.f;\n";
+      u += "    for (int kt = " + KB + "; kt < " + KE + "; ++kt, ++g) {\n      const int s = g % STAGES;\n";
+      u += "      kiln_mbar_wait(full0 + 8 * s, (g / STAGES) & 1);\n";
+      u += "      const unsigned long long das = da0 + s * (A_STAGE / 16), dbs = db0 + s * (B_STAGE / 16);\n      kiln_wgmma_fence();\n";
+      u += "#pragma unroll\n      for (int ks = 0; ks < BK / KS; ++ks) {\n";
+      // A K16 step: 32 bytes on along a K-major tile's swizzled rows, 16 rows (2048 bytes) down an M/N-major one.
+      u += std::string("        const unsigned long long da = das + ks * ") + (o_.a_k_major ? "2" : "128") + ", db = dbs + ks * " +
+           (o_.b_k_major ? "2" : "128") + ";\n";
+      u += mma_instruction("        ");
+      u += "      }\n      kiln_wgmma_commit();\n      kiln_wgmma_wait<1>();\n";
+      // The previous step's MMAs have finished reading their stage: back to the producer.
+      u += "      " + release_if("kt > " + KB, "empty0 + 8 * ((g - 1) % STAGES)") + "\n    }\n";
+      // Once all MMAs are done the last step's stage goes back too: the producer is already
+      // loading the next tile while this one is stored.
+      // A split tail's last piece of a tile adds the other pieces' sums (the slots of its
+      // tile's other units: place, + tail, ...; in a cluster, times CL plus the block's rank;
+      // the tile's count at its place likewise).
+      const std::string sk_args = ", threadIdx.x - 128, CONSUMERS * 128, CONSUMERS + 1);\n", rank = cl > 1 ? " * CL + kiln_crank" : "";
+      const std::string done =
+          "kiln_wgmma_wait<0>();\n" +
+          (persistent ? "      " + release_if(KE + " > " + KB, "empty0 + 8 * ((g - 1) % STAGES)") + "\n" : "") +
+          (pieces ? "      if (kb > 0) kiln_split_take(d, sk_ws + (place" + rank + ") * (size_t)(BM * BN), (size_t)walk.tail" +
+                        (cl > 1 ? " * CL" : "") + " * (BM * BN), walk.parts, sk_counts + place" + rank + sk_args
+                  : "");
+      // A split tail's piece that ends before K leaves its sums to the tile's last piece.
+      if (pieces)
+        u += "    if (ke < KT) {\n      kiln_wgmma_wait<0>();\n      " + release_if("", "empty0 + 8 * ((g - 1) % STAGES)") +
+             "\n      kiln_split_give(d, sk_ws + (unit" + rank + ") * (size_t)(BM * BN), sk_counts + place" + rank + sk_args +
+             "      continue;\n    }\n";
+      // Accumulators: warp w of the warpgroup holds rows 16w .. 16w+15; per 8 columns j, d[4j .. 4j+3]
+      // at (lane/4, 2*(lane%4) + 0/1) and eight rows below (mma.sync's C fragment). A tile inside
+      // the output stores without a test per element.
+      auto stores = [&](bool checked) {
+        std::string t = "#pragma unroll\n    for (int j = 0; j < BN / 8; ++j)\n#pragma unroll\n    for (int q = 0; q < 4; ++q) {\n";
+        t += "      const int64_t row = m0 + c * 64 + w * 16 + lane / 4 + (q / 2) * 8, col = n0 + j * 8 + (lane % 4) * 2 + q % 2;\n";
+        return t + w_.emit_store("      ", "row", "col", "d[j * 4 + q]", checked) + "    }\n";
+      };
+      if (split) {
+        // The staging holds the previous tile until the epilogue warps have read it all.
+        u += "    " + done + "    if (tiles_done > 0) kiln_mbar_wait(stg_empty, (tiles_done - 1) & 1);\n";
+        u += "    {\n      uint32_t* sw = (uint32_t*)(kiln_smem + (stg - kiln_smem_addr(kiln_smem)));\n";
+        u += "      const int r = c * 64 + w * 16 + lane / 4;\n#pragma unroll\n      for (int j = 0; j < BN / 8; ++j) {\n";
+        u += "        sw[r * ((BN + 8) / 2) + j * 4 + lane % 4] = " + pack() + "(d[j * 4], d[j * 4 + 1]);\n";
+        u += "        sw[(r + 8) * ((BN + 8) / 2) + j * 4 + lane % 4] = " + pack() + "(d[j * 4 + 2], d[j * 4 + 3]);\n";
+        u += "      }\n    }\n    kiln_mbar_arrive(stg_full);\n    ++tiles_done;\n";
+      } else if (!group_) {
+        u += "    " + done;
+        u += "    if (m0 + BM <= Mr && n0 + BN <= N) {\n" + stores(false) + "    } else {\n" + stores(true) + "    }\n";
+      } else {
+        u += "    const bool interior = m0 + BM <= Mr && n0 + BN <= N;\n";
+        u += "    if (interior) {\n" + staged_stores(done) + "    } else {\n      " + done + stores(true) + "    }\n";
+      }
+      if (!split && !b_sums) u += column_sums("(int)threadIdx.x - 128", "CONSUMERS * 128", "    ");
+      return u;
     };
-    if (split) {
-      // The staging holds the previous tile until the epilogue warps have read it all.
-      s += "    " + done + "    if (tiles_done > 0) kiln_mbar_wait(stg_empty, (tiles_done - 1) & 1);\n";
-      s += "    {\n      uint32_t* sw = (uint32_t*)(kiln_smem + (stg - kiln_smem_addr(kiln_smem)));\n";
-      s += "      const int r = c * 64 + w * 16 + lane / 4;\n#pragma unroll\n      for (int j = 0; j < BN / 8; ++j) {\n";
-      s += "        sw[r * ((BN + 8) / 2) + j * 4 + lane % 4] = " + pack() + "(d[j * 4], d[j * 4 + 1]);\n";
-      s += "        sw[(r + 8) * ((BN + 8) / 2) + j * 4 + lane % 4] = " + pack() + "(d[j * 4 + 2], d[j * 4 + 3]);\n";
-      s += "      }\n    }\n    kiln_mbar_arrive(stg_full);\n    ++tiles_done;\n";
-    } else if (!group_) {
-      s += "    " + done;
-      s += "    if (m0 + BM <= Mr && n0 + BN <= N) {\n" + stores(false) + "    } else {\n" + stores(true) + "    }\n";
+    // A split tail: the whole tiles in a loop of their own, as without one, then the pieces,
+    // each loop counting its units. NOTE: walked one unit at a time (KilnWalk::step: whole
+    // tiles, then pieces, the walk's state carried from step to step), the loop held the
+    // consumers' wgmma descriptors in vector registers (16 R2UR in a K step of 59 SASS
+    // instructions against 27 without; sm_90a, W4's GEMMs); and so did some kernels' whole
+    // tiles' loop unless its bound came through a shuffle (KilnFromLane0: one value across the warp).
+    if (sk) {
+      s += "    const KilnWalk walk(kiln_tiles, KT, " + grid + ", " + block + ", gridDim.z, true);\n";
+      s += "    const int64_t whole = KilnFromLane0{}(walk.whole);\n";
+      s += "    for (int64_t tile = " + block + "; tile < whole; tile += " + grid + ") {\n      int64_t m0, n0;\n" +
+           GemmWriter::tile_origin("tile", "      ", c_.group, cl) + unit_body(false) + "    }\n";
+      s += "    for (int64_t unit = " + block + "; unit < walk.units(); unit += " + grid + ") {\n" +
+           "      const int64_t tile = walk.unit_tile(unit), place = tile - walk.whole;\n" +
+           "      const int kb = walk.begin(walk.unit_piece(unit)), ke = walk.begin(walk.unit_piece(unit) + 1);\n" +
+           "      int64_t m0, n0;\n" + GemmWriter::tile_origin("tile", "      ", c_.group, cl) + unit_body(true);
     } else {
-      s += "    const bool interior = m0 + BM <= Mr && n0 + BN <= N;\n";
-      s += "    if (interior) {\n" + staged_stores(done) + "    } else {\n      " + done + stores(true) + "    }\n";
+      s += tiles_open("    ") + unit_body(false);
     }
-    if (!split && !b_sums) s += column_sums("(int)threadIdx.x - 128", "CONSUMERS * 128", "    ");
     s += tiles_close("    ") + "  }\n";
     // Clustered: no block leaves while another may still arrive on its barriers or copy into it.
     return cl > 1 ? s + "  kiln_cluster_sync();\n" : s;

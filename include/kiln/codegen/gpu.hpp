@@ -105,18 +105,19 @@ struct GpuVariant {
   // the stages already in shared memory (gemm_sm90.hpp; runtime's assign_column_sums). No workspace.
   bool colsum_of_b = false;
   // The argument struct ends with workspace words: split rows' partials and counters, or a
-  // stream-K GEMM's slots and flags (a tile of floats and a flag per block), or a split-K
+  // split-tail GEMM's slots and counts (a tile of floats per piece handed over, a count per tail
+  // tile; per block of a cluster), or a split-K
   // GEMM's (a tile of sums per block, a counter per tile), or a GEMM's column sums (a row of
   // sums per tile row, a counter per column of tiles).
   bool workspace() const {
-    return split || (gemm.persistent && gemm.stream_k) || (gemm.kind == GemmKind::simt && gemm.split_k > 1) ||
+    return split || (gemm.persistent && gemm.split_tail) || (gemm.kind == GemmKind::simt && gemm.split_k > 1) ||
            (colsum_slot >= 0 && !colsum_of_b);
   }
 };
 
 // Whether a GEMM of config c can sum a matrix's columns as it stores it (GpuVariant::colsum_slot):
-// the wgmma kind, not stream-K (whose workspace is the tiles' hand-over).
-inline bool gemm_sums_columns(const GemmConfig& c) { return c.kind == GemmKind::wgmma && !(c.persistent && c.stream_k); }
+// the wgmma kind, not a split tail (whose workspace is the pieces' hand-over).
+inline bool gemm_sums_columns(const GemmConfig& c) { return c.kind == GemmKind::wgmma && !(c.persistent && c.split_tail); }
 
 // The workspace words an argument struct ends with (GpuVariant::workspace): partials, counters.
 inline constexpr int kGpuSplitWords = 2;

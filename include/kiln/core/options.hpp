@@ -94,6 +94,10 @@ inline std::atomic<bool>& programmatic_launch_flag() {
   static std::atomic<bool> on{env_switch("KILN_PROGRAMMATIC_LAUNCH", true)};
   return on;
 }
+inline std::atomic<bool>& gemm_split_tail_flag() {
+  static std::atomic<bool> on{env_switch("KILN_GEMM_SPLIT_TAIL", false)};
+  return on;
+}
 inline std::atomic<bool>& idle_fill_flag() {
   static std::atomic<bool> on{env_switch("KILN_IDLE_FILL", false)};
   return on;
@@ -114,6 +118,9 @@ inline void set_gemm_column_sums(bool on) { detail::gemm_column_sums_flag().stor
 
 inline bool gemm_operand_sums() { return detail::gemm_operand_sums_flag().load(std::memory_order_relaxed); }
 inline void set_gemm_operand_sums(bool on) { detail::gemm_operand_sums_flag().store(on, std::memory_order_relaxed); }
+
+inline bool gemm_split_tail() { return detail::gemm_split_tail_flag().load(std::memory_order_relaxed); }
+inline void set_gemm_split_tail(bool on) { detail::gemm_split_tail_flag().store(on, std::memory_order_relaxed); }
 
 inline bool programmatic_launch() { return detail::programmatic_launch_flag().load(std::memory_order_relaxed); }
 inline void set_programmatic_launch(bool on) { detail::programmatic_launch_flag().store(on, std::memory_order_relaxed); }

@@ -106,6 +106,7 @@ inline codegen::GemmProblem gemm_problem(const ir::Graph& g, const sched::Kernel
   for (int d = 0; d + 2 < nd; ++d) p.batch *= a.size(d);
   p.dtype = g.nodes[size_t(k.domain)].dtype;
   p.tf32 = p.dtype == DType::f32 && allow_tf32();
+  p.split_tail = gemm_split_tail();
   p.arch = arch, p.sm_count = std::max(sm_count, 1);
   // A [M, K]: K-major when K is contiguous (or M is 1); B [K, N]: K-major when K is contiguous and N is not.
   p.ops.a_k_major = a.stride(0, nd - 1) == 1 || p.k == 1 || (p.m != 1 && a.stride(0, nd - 2) != 1);
@@ -542,19 +543,25 @@ inline GpuLaunch gpu_launch_shape(const sched::Kernel& k, const KernelArgs& a, c
 }
 
 // The 8-byte words of partials a kernel leaves in the workspace: one per reduction and block
-// (split rows), or per reduction, block and column (split column rows); a stream-K GEMM's
-// slot of a tile's f32 sums per block; a split-K GEMM's tile of sums per block (a word each:
-// the widest accumulator).
-inline size_t gpu_workspace_words(const sched::Kernel& k, const codegen::GpuVariant& v, const GpuLaunch& L, int warp) {
-  if (k.kind == sched::KernelKind::matmul && v.gemm.kind == codegen::GemmKind::simt)
-    return size_t(L.grid.x) * L.grid.y * L.grid.z * size_t(v.gemm.bm) * size_t(v.gemm.bn);
-  if (k.kind == sched::KernelKind::matmul) return size_t(L.grid.x) * size_t(v.gemm.bm) * size_t(v.gemm.bn) / 2;
+// (split rows), or per reduction, block and column (split column rows); a split-tail GEMM's
+// tile of f32 sums per piece it hands over (its walk's slots, per block of a cluster); a
+// split-K GEMM's tile of sums per block (a word each: the widest accumulator).
+inline size_t gpu_workspace_words(const sched::Kernel& k, const codegen::GpuVariant& v, const KernelArgs& a, const GpuLaunch& L,
+                                  int warp, int sm_count) {
+  const codegen::GemmConfig& c = v.gemm;
+  if (k.kind == sched::KernelKind::matmul && c.kind == codegen::GemmKind::simt)
+    return size_t(L.grid.x) * L.grid.y * L.grid.z * size_t(c.bm) * size_t(c.bn);
+  if (k.kind == sched::KernelKind::matmul) {
+    const int nd = int(a.meta[0]);
+    const int64_t slots = codegen::gemm_walk(c, a.size(nd - 2), a.size(nd - 1), a.meta[1], L.grid.z, sm_count).slots() * c.cluster;
+    return size_t(std::max<int64_t>(slots, 1)) * size_t(c.bm) * size_t(c.bn) / 2;  // at least a slot: no empty allocation
+  }
   size_t per_block = v.cols ? size_t(warp) * size_t(std::max(v.vec, 1)) : 1;
   return size_t(L.grid.x) * L.grid.y * per_block * std::max<size_t>(k.reduces.size(), 1);
 }
 
 // The kernel's argument struct, byte for byte: p[slots], m[meta], a[words], for split rows
-// and stream-K GEMMs the workspace (partials, counters), and for a GEMM that stages operands
+// and split-tail GEMMs the workspace (partials, counters), and for a GEMM that stages operands
 // their buffers (GpuVariant::stage), into `block`.
 inline void gpu_arg_block(const codegen::Layout& l, const KernelArgs& a, const codegen::GpuVariant& v, const uint64_t* workspace,
                           const uint64_t* staged, std::vector<uint64_t>& block) {
@@ -635,7 +642,7 @@ inline Hash128 variant_key(const std::vector<codegen::GpuVariant>& vars) {
     const codegen::GemmConfig& gc = v.gemm;
     int32_t w[37] = {v.vec, v.group, v.persist, v.split, v.threads, int(gc.kind), gc.bm, gc.bn, gc.bk, gc.wm, gc.wn, gc.stages,
                      gc.persistent, gc.split_epilogue, v.gemm_ops.a_k_major, v.gemm_ops.b_k_major, v.cols, v.epilogue_vec, v.vec_rows,
-                     v.resident, v.stream, v.exact, int32_t(v.whole), v.rank, v.outer_rank, gc.group, gc.stream_k, gc.cluster,
+                     v.resident, v.stream, v.exact, int32_t(v.whole), v.rank, v.outer_rank, gc.group, gc.split_tail, gc.cluster,
                      v.prologue, v.skip, gc.k_slices, gc.split_k, v.stage, v.colsum_slot, int32_t(v.colsum_dtype), int32_t(v.keep),
                      v.colsum_of_b};
     vh.add(w, sizeof w);
@@ -649,10 +656,10 @@ inline Hash128 variant_key(const std::vector<codegen::GpuVariant>& vars) {
 //  - reads e as its B operand in place, N-major in 16 bits (the weight's gradient x.t() @ e),
 //    and comes in the plan before every kernel that reads the sum (kiln::gemm_operand_sums, off
 //    by default): its first tile row sums B's columns from shared memory
-//    (GpuVariant::colsum_of_b; wgmma without a split epilogue, not stream-K: gemm_sums_b);
+//    (GpuVariant::colsum_of_b; wgmma without a split epilogue, not a split tail: gemm_sums_b);
 //  - or else stores e, contiguous along its rows with 16-byte aligned rows and N a multiple of 16
 //    bytes' elements (kiln::gemm_column_sums, off by default): it sums each tile's columns once
-//    it has stored the tile (wgmma, not stream-K).
+//    it has stored the tile (wgmma, not a split tail).
 // The rows kernel is then not launched. One such sum per GEMM. The other kinds, and the CPU,
 // launch the rows kernel.
 inline void assign_column_sums(const ir::Graph& g, const CompiledPlan& cp, GpuCall& c, const std::vector<uint8_t>* by_library = nullptr) {
@@ -754,8 +761,8 @@ inline GpuCall gpu_call(const ir::Graph& g, const CompiledPlan& cp, const Bound&
 // reads nothing the kernel launched before it writes goes to the other of two streams, so that
 // it starts on the SMs that kernel's last wave leaves idle instead of after it (a persistent
 // GEMM of 4096 tiles on 132 SMs keeps 4 of them busy for its last tile). Kernels that share the
-// device's workspace or staging buffer, and vendor GEMMs (their own workspace, the device's
-// stream), stay on the main stream, in plan order. A kernel waits for the latest kernel of each
+// device's staging buffer or the main stream's workspace (split rows), and vendor GEMMs (their
+// own workspace, the device's stream), stay on the main stream, in plan order. A kernel waits for the latest kernel of each
 // other stream it reads (an event; in a graph, an edge); the other streams wait for the main
 // one at the call's start and the main one for them at the end (fork, join), so what follows
 // the call (the allocator's reuse of its buffers among it) sees it whole. A call with fewer
@@ -789,6 +796,8 @@ struct StreamSchedule {
   size_t at(size_t i) const { return order.empty() ? i : order[i]; }
   // Whether kernel k launches above the fill stream's priority.
   bool raised(size_t k) const { return fill && runs_on[k] != kFill; }
+  // Kernel k's stream.
+  uint8_t stream_of(size_t k) const { return used() ? runs_on[k] : kMain; }
 };
 
 inline StreamSchedule schedule_streams(const sched::Plan& p, const GpuCall& call, const std::vector<uint8_t>& by_library) {
@@ -827,10 +836,12 @@ inline StreamSchedule schedule_streams(const sched::Plan& p, const GpuCall& call
     if (!call.launches(k)) continue;
     const codegen::GpuVariant& v = call.vars[k];
     const bool pinned = v.stage || by_library[k];  // the device's staging buffer, the vendor's stream
-    // NOTE: column sums have a workspace of their own kernel's, the fill stream's leaves one they
-    // share (GpuBackend::column_sum_workspace, split_workspace).
+    // NOTE: column sums have a workspace of their own kernel's; the fill stream's leaves, the
+    // side stream's split-tail GEMMs one their stream shares (GpuBackend::column_sum_workspace,
+    // split_workspace). Split rows stay on the main stream, as before each stream had its own.
     const bool leaf = idle_fill() && !pinned && kernels[k].kind != sched::KernelKind::matmul && !read_later[k];
-    const bool main_only = pinned || (v.workspace() && v.colsum_slot < 0 && !leaf);
+    const bool split_tail = v.gemm.persistent && v.gemm.split_tail && kernels[k].kind == sched::KernelKind::matmul;
+    const bool main_only = pinned || (v.workspace() && v.colsum_slot < 0 && !leaf && !split_tail);
     uint8_t on = s.kMain;
     if (leaf) {
       on = s.kFill, s.fill = true;  // prev stays: a leaf is no kernel the next one can follow
@@ -885,6 +896,7 @@ inline void variant_inputs(const std::vector<KernelArgs>& args, std::vector<int6
   out.push_back(allow_tf32());
   out.push_back(gemm_column_sums());
   out.push_back(gemm_operand_sums());
+  out.push_back(gemm_split_tail());
 }
 
 // What a device API policy derives from: the device kind it serves and the
@@ -1059,8 +1071,7 @@ class GpuBackend final : public Backend {
         const codegen::GpuVariant& v = call.vars[k];
         TensorMaps maps;
         GpuLaunch staging;
-        const bool fill = streams.used() && streams.runs_on[k] == streams.kFill;
-        GpuLaunch L = prepare_launch(dev, kernels[k], cp.layouts[k], call.args[k], v, block, maps, staging, fill);
+        GpuLaunch L = prepare_launch(dev, kernels[k], cp.layouts[k], call.args[k], v, block, maps, staging, streams.stream_of(k));
         KernelDescription describe{&g, &kernels[k]};
         if (v.stage) launch_one(*fns.stage[k], staging, block, maps, describe, stream, programmatic, priority);
         launch_one(fns.main[k], L, block, maps, describe, stream, programmatic, priority);
@@ -1160,8 +1171,7 @@ class GpuBackend final : public Backend {
       if (!call.launches(k)) continue;
       st.maps = TensorMaps{};  // compared whole: no stale bytes where a kernel has no maps
       GpuLaunch staging;
-      const bool fill = streams.used() && streams.runs_on[k] == streams.kFill;
-      GpuLaunch L = prepare_launch(dev, kernels[k], cp.layouts[k], call.args[k], call.vars[k], st.block, st.maps, staging, fill);
+      GpuLaunch L = prepare_launch(dev, kernels[k], cp.layouts[k], call.args[k], call.vars[k], st.block, st.maps, staging, streams.stream_of(k));
       if (call.vars[k].stage) add(&*fns.stage[k], staging, TensorMaps{}), follow(k);
       add(&fns.main[k], L, st.maps), follow(k);
       if (streams.used()) node_of[k] = n - 1;
@@ -1196,20 +1206,20 @@ class GpuBackend final : public Backend {
   }
 
   // One launch of a kernel as variant v: its shape, its argument block (with the workspace of
-  // split rows and stream-K GEMMs, and the buffers of staged operands) into `block`, a wgmma
+  // split rows and split-tail GEMMs, and the buffers of staged operands) into `block`, a wgmma
   // GEMM's tensor maps into `maps`, and where it stages operands the staging kernel's shape
-  // into `staging`. `fill`: it runs on the fill stream (StreamSchedule::kFill), whose kernels
+  // into `staging`. `stream`: the call's stream it runs on (StreamSchedule), whose kernels
   // share a workspace of their own.
   GpuLaunch prepare_launch(Device& dev, const sched::Kernel& kernel, const codegen::Layout& layout, const KernelArgs& args,
                            const codegen::GpuVariant& v, std::vector<uint64_t>& block, TensorMaps& maps, GpuLaunch& staging,
-                           bool fill = false) {
+                           uint8_t stream = StreamSchedule::kMain) {
     const auto& props = dev.properties();
     GpuLaunch L = gpu_launch_shape(kernel, args, v, props.sm_count, props.warp_size);
     uint64_t ws[codegen::kGpuSplitWords] = {}, st[codegen::kGpuStageWords] = {};
     if (v.colsum_slot >= 0 && !v.colsum_of_b) {
       column_sum_workspace(dev, kernel, args, v, ws);
     } else if (v.workspace()) {
-      split_workspace(dev, gpu_workspace_words(kernel, v, L, props.warp_size), L.grid.x * L.grid.z, ws, fill);
+      split_workspace(dev, gpu_workspace_words(kernel, v, args, L, props.warp_size, props.sm_count), L.grid.x * L.grid.z, ws, stream);
     }
     if (v.stage) stage_buffers(dev, args, v, st), staging = gpu_stage_launch(args, v);
     gpu_arg_block(layout, args, v, ws, st, block);
@@ -1517,16 +1527,15 @@ class GpuBackend final : public Backend {
   struct Workspace {
     std::unique_ptr<Storage> partials, counters, staged;
   };
-  // Split rows and stream-K GEMMs: room for `words` 8-byte partials and `counters` zeroed
+  // Split rows and split-tail GEMMs: room for `words` 8-byte partials and `counters` zeroed
   // counters (one per row, per column block, or per GEMM block), on the device; grown (never shrunk) as calls need. The
-  // kernels leave the counters at zero again. NOTE: the kernels that use it run on the device's
-  // main stream only (schedule_streams), in order, so calls share the workspace; a grown one is
-  // zeroed in that stream's order too.
-  // `fill`: the fill stream's kernels' own (kiln::idle_fill), in that stream's order likewise.
-  void split_workspace(Device& dev, size_t words, unsigned counters, uint64_t* ws, bool fill) {
+  // kernels leave the counters at zero again. A stream of a call (StreamSchedule) has its own,
+  // and the kernels that use one run in that stream's order (schedule_streams: the main
+  // stream's, the side stream's split-tail GEMMs, the fill stream's leaves), so calls share
+  // it; a grown one is zeroed in that stream's order too.
+  void split_workspace(Device& dev, size_t words, unsigned counters, uint64_t* ws, uint8_t stream) {
     std::lock_guard lock(mu_);
-    grow_workspace((fill ? fill_workspaces_ : workspaces_)[dev.ordinal()], kiln::Device{Api::kind, dev.ordinal()}, words * 8,
-                   size_t(counters) * 4, ws);
+    grow_workspace(workspaces_[stream][dev.ordinal()], kiln::Device{Api::kind, dev.ordinal()}, words * 8, size_t(counters) * 4, ws);
   }
   // Grows w's partials to `part` bytes and its counters to `count` bytes (a grown one zeroed);
   // their addresses into ws[0], ws[1].
@@ -1551,7 +1560,7 @@ class GpuBackend final : public Backend {
         bytes += (size_t(codegen::GemmStaged::of(args.meta.data(), o).elements()) * 4 + 255) / 256 * 256;
       }
     std::lock_guard lock(mu_);
-    Workspace& w = workspaces_[dev.ordinal()];
+    Workspace& w = workspaces_[StreamSchedule::kMain][dev.ordinal()];
     if (!w.staged || w.staged->bytes() < bytes) w.staged = std::make_unique<Storage>(bytes, kiln::Device{Api::kind, dev.ordinal()});
     for (int o = 0; o < 2; ++o)
       if (v.stage >> o & 1u) st[o] = reinterpret_cast<uint64_t>(static_cast<char*>(w.staged->data()) + offset[o]);
@@ -1571,7 +1580,7 @@ class GpuBackend final : public Backend {
   const uint64_t serial_ = next_serial();
   std::mutex mu_;
   std::unordered_map<Hash128, Loaded, Hash128Hasher> cache_;
-  std::unordered_map<int, Workspace> workspaces_, fill_workspaces_;
+  std::unordered_map<int, Workspace> workspaces_[3];  // per stream of a call (StreamSchedule), per device
   std::map<std::pair<int, const sched::Kernel*>, Workspace> column_sums_;
 };
 

@@ -111,37 +111,49 @@ KILN_FN void kiln_unpack_f16x2(uint32_t w, float* f) {
   f[1] = kiln_f16_to_f32((uint16_t)(w >> 16));
 }
 
-// Stream-K's hand-over through the workspace: a block's slot of BM x BN floats, each consumer
-// thread `u` of `threads` its accumulators at float4 i * threads + u (coalesced), and the
-// block's flag. Named barrier `bar` spans the consumers. The taker zeroes the flag again, so
-// the next launch finds the workspace as this one did.
+// A value as lane 0 of the warp holds it, through a shuffle: ptxas then knows it one value
+// across the warp and may keep what is derived from it in uniform registers.
+struct KilnFromLane0 {
+  template <class T>
+  KILN_FN T operator()(T v) const { return __shfl_sync(0xffffffffu, v, 0); }
+};
+
+// A split tail's hand-over (device/gemm_walk.h) through the workspace: a piece's slot of BM x BN
+// floats, each consumer thread `u` of `threads` its accumulators at float4 i * threads + u
+// (coalesced), and a count per tail tile of the pieces handed in. Named barrier `bar` spans the
+// consumers. The last piece waits for the other `parts - 1`, adds them in piece order (slot
+// `first`, + `stride`, ...: the same sums on every run) and zeroes the count again, so the next
+// launch finds the workspace as this one did.
 template <int N>
-KILN_FN void kiln_sk_give(const float (&d)[N], float* slot, unsigned* flag, int u, int threads, int bar) {
+KILN_FN void kiln_split_give(const float (&d)[N], float* slot, unsigned* count, int u, int threads, int bar) {
   float4* p = (float4*)slot;
 #pragma unroll
   for (int i = 0; i < N / 4; ++i) __stcg(p + i * threads + u, make_float4(d[4 * i], d[4 * i + 1], d[4 * i + 2], d[4 * i + 3]));
   __threadfence();
   kiln_bar_sync(bar, threads);
-  if (u == 0) asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(flag), "r"(1u) : "memory");
+  if (u == 0) asm volatile("red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(count), "r"(1u) : "memory");
 }
 template <int N>
-KILN_FN void kiln_sk_take(float (&d)[N], const float* slot, unsigned* flag, int u, int threads, int bar) {
+KILN_FN void kiln_split_take(float (&d)[N], const float* first, size_t stride, int parts, unsigned* count, int u, int threads,
+                             int bar) {
   if (u == 0) {
     for (unsigned f = 0;;) {
-      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(f) : "l"(flag) : "memory");
-      if (f) break;
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(f) : "l"(count) : "memory");
+      if (f == (unsigned)(parts - 1)) break;
       __nanosleep(64);
     }
   }
   kiln_bar_sync(bar, threads);
   __threadfence();
-  const float4* p = (const float4*)slot;
+  for (int piece = 0; piece + 1 < parts; ++piece) {
+    const float4* p = (const float4*)(first + piece * stride);
 #pragma unroll
-  for (int i = 0; i < N / 4; ++i) {
-    const float4 q = __ldcg(p + i * threads + u);
-    d[4 * i] += q.x, d[4 * i + 1] += q.y, d[4 * i + 2] += q.z, d[4 * i + 3] += q.w;
+    for (int i = 0; i < N / 4; ++i) {
+      const float4 q = __ldcg(p + i * threads + u);
+      d[4 * i] += q.x, d[4 * i + 1] += q.y, d[4 * i + 2] += q.z, d[4 * i + 3] += q.w;
+    }
   }
-  if (u == 0) *(volatile unsigned*)flag = 0;
+  if (u == 0) *(volatile unsigned*)count = 0;
 }
 
 // TF32 staging (GpuVariant::stage): one 32 x 32 tile of an operand whose rows r (its M or N)
