@@ -882,6 +882,13 @@ TEST_CASE("GPU dispatch: with a split tail (kiln::gemm_split_tail) the GEMMs who
   CHECK(walk.tail == 4);
   CHECK(walk.parts == 4);
   CHECK(walk.slots() == 12);
+  // max-autotune keeps what it tuned with split tails allowed apart from what it tuned without
+  // (the switch adds candidates of its own).
+  const size_t k = on.launches[0].first;
+  codegen::GemmProblem q;
+  const std::string plain = runtime::matmul_tune_key(g, kernels[k], cp->layouts[k], q, "", "sm_90").text();
+  q.split_tail = true;
+  CHECK(runtime::matmul_tune_key(g, kernels[k], cp->layouts[k], q, "", "sm_90").text() != plain);
 }
 
 TEST_CASE("GPU dispatch: a training step's large independent kernels overlap on two streams and in a graph, each after all it reads") {

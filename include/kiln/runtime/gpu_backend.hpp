@@ -70,13 +70,14 @@ struct GpuLaunch {
 struct NoGraph {};
 
 // The tuning database's key of one matmul kernel: shape class, dtype, operand layout (and
-// whether the tensor cores and the copy engine can read it), whether `library` (the vendor
-// GEMM) is a candidate, the fused epilogue, the device's `arch`.
+// whether the tensor cores and the copy engine can read it; whether TF32 and split tails are
+// allowed: each has candidates of its own), whether `library` (the vendor GEMM) is a
+// candidate, the fused epilogue, the device's `arch`.
 inline tune::Key matmul_tune_key(const ir::Graph& g, const sched::Kernel& k, const codegen::Layout& l, const codegen::GemmProblem& p,
                                  const std::string& library, const std::string& arch) {
   std::string layout = std::string(p.ops.a_k_major ? "ak" : "am") + (p.ops.b_k_major ? "bk" : "bn") +
                        (p.tensor_ok ? "" : "-unaligned") + (p.tma_ok || !p.tensor_ok ? "" : "-notma") + (p.tf32 ? "-tf32" : "") +
-                       (library.empty() ? "" : "+" + library);
+                       (p.split_tail ? "-tail" : "") + (library.empty() ? "" : "+" + library);
   return {"matmul", tune::gemm_shape_class(p.batch, p.m, p.n, p.k), p.dtype, layout, arch, codegen::MatmulEpilogue(g, k, l).identity()};
 }
 
