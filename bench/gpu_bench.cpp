@@ -30,6 +30,8 @@
 // KILN_BENCH_TAIL_AB=1 (with KILN_BENCH_ONLY=w4): the W4 step with its GEMMs' last waves as whole tiles and cut in
 // K (kiln::gemm_split_tail, off by default), alternated, each with its errors against float64.
 // KILN_BENCH_GEMM_TAIL=1 (with the GEMM rows): W4's GEMMs each in whole tiles and with its tail split, alternated.
+// KILN_BENCH_TAIL_PARTS=3,5,8 (with KILN_BENCH_ONLY=w4): the W4 step with its GEMMs' last waves whole and cut into
+// each count of pieces (GemmConfig::tail_parts), alternated: what kiln_tail_parts's estimate is to be checked against.
 // KILN_BENCH_FILL_AB=1 (with KILN_BENCH_ONLY=w4): the W4 step with its leaves (the loss's sum, db1, db2) on a
 // third stream below the GEMMs' priority (kiln::idle_fill, off by default) and as before, alternated; then
 // one step of each as a timeline (kiln::timeline: when each kernel's stream reached it, when it ended).
@@ -672,6 +674,20 @@ static std::string w4_step_bench() {
       c = *end ? end + 1 : end;
     }
     compare(labels, [&gs](codegen::GemmConfig& c, const codegen::GemmProblem&, size_t i) { c.group = gs[i]; });
+  }
+  if (const char* list = std::getenv("KILN_BENCH_TAIL_PARTS")) {  // the GEMMs' last waves whole, and cut into these many pieces, e.g. "3,5,8"
+    std::vector<int> ps = {0};
+    std::vector<std::string> labels = {"in whole tiles"};
+    for (const char* c = list; *c;) {
+      char* end = nullptr;
+      long n = std::strtol(c, &end, 10);
+      if (end == c) break;
+      if (n > 1) ps.push_back(int(n)), labels.push_back("tail in " + std::to_string(n) + " pieces");
+      c = *end ? end + 1 : end;
+    }
+    compare(labels, [&ps](codegen::GemmConfig& c, const codegen::GemmProblem&, size_t i) {
+      c.split_tail = i > 0 && c.persistent, c.tail_parts = c.split_tail ? ps[i] : 0;
+    });
   }
   if (std::getenv("KILN_BENCH_GEMM_CLUSTER"))  // the persistent GEMMs alone, and in clusters of two sharing B's loads
     compare({"one block each", "in clusters of 2"},

@@ -353,7 +353,7 @@ TEST_CASE("the persistent GEMM's schedule: every K step of every tile once; a sp
     for (int64_t tiles : {int64_t(1), grid - 1, grid, grid + 1, 2 * grid - 1, 2 * grid + 3, 3 * grid, 4 * grid + 1, int64_t(4096), int64_t(2048),
                           int64_t(1024), int64_t(512)})
       for (int kt : {0, 1, 2, 3, 5, 64, 128, 256})
-        for (bool split : {false, true})
+        for (int split : {0, 1, 2, 3, 8})  // 0: whole tiles; 1: kiln_tail_parts's cut; 2, 3, 8: that many pieces (a bench's knob)
           for (int64_t batches : {1, 2}) {
             if (tiles < 1) continue;
             CAPTURE(grid);
@@ -363,9 +363,10 @@ TEST_CASE("the persistent GEMM's schedule: every K step of every tile once; a sp
             CAPTURE(batches);
             std::vector<std::vector<Unit>> by_block(static_cast<size_t>(grid));
             std::vector<int> steps(size_t(tiles * std::max(kt, 1)), 0);
-            const codegen::walk::KilnWalk first(tiles, kt, grid, 0, batches, split);
+            const int wanted = split > 1 ? split : 0;
+            const codegen::walk::KilnWalk first(tiles, kt, grid, 0, batches, split > 0, wanted);
             for (int64_t b = 0; b < grid; ++b) {
-              codegen::walk::KilnWalk w(tiles, kt, grid, b, batches, split);
+              codegen::walk::KilnWalk w(tiles, kt, grid, b, batches, split > 0, wanted);
               CHECK((w.tail == first.tail && w.parts == first.parts));  // every block sees the same cut
               Unit u{};
               while (w.step(u.tile, u.kb, u.ke)) {
@@ -381,15 +382,17 @@ TEST_CASE("the persistent GEMM's schedule: every K step of every tile once; a sp
             // Every K step of every tile exactly once; every tile visited (K = 0: its zeros stored).
             CHECK(std::count(steps.begin(), steps.begin() + tiles * kt, 1) == tiles * kt);
             // Where the tail is split (one batch, the tiles leaving a partial last wave, a cut
-            // that pays): 2 .. 8 pieces, at most one a K step.
+            // that pays, or the pieces asked for): 2 .. 8 pieces, at most one a K step.
             const int64_t tail = first.tail, parts = first.parts, whole = tiles - tail, waves = whole / grid;
-            const bool applies = split && batches == 1 && tiles > grid && tiles % grid != 0 && parts > 1;
+            const bool partial = split > 0 && batches == 1 && tiles > grid && tiles % grid != 0;
+            const bool applies = partial && parts > 1;
             CHECK((tail > 0) == applies);
             if (!applies) CHECK(parts == 1);
             if (applies) {
               CHECK((tail == tiles % grid && parts >= 2 && parts <= 8 && parts <= kt));
               CHECK(first.slots() == tail * (parts - 1));
             }
+            if (partial && wanted > 0) CHECK(parts == std::max(1, std::min(wanted, kt)));
             std::vector<int64_t> load;
             std::vector<std::vector<Unit>> pieces(static_cast<size_t>(tail));
             for (int64_t b = 0; b < grid; ++b) {
@@ -436,8 +439,8 @@ TEST_CASE("the persistent GEMM's schedule: every K step of every tile once; a sp
             // A split tail finishes before a whole last wave would: no block does more K steps
             // than one in a whole-tile schedule's last wave.
             const int64_t most = *std::max_element(load.begin(), load.end());
-            if (applies) CHECK(most < (waves + 1) * kt);
-            else CHECK(most == (tiles + grid - 1) / grid * kt);
+            if (applies && wanted == 0) CHECK(most < (waves + 1) * kt);
+            if (!applies) CHECK(most == (tiles + grid - 1) / grid * kt);
           }
   // W4's GEMMs in clusters of two on 132 SMs (66 clusters): x @ W1 and dy @ W2.t() (2048
   // cluster tiles, 64 K steps), dW1 and dW2 (1024, 128), h @ W2 and dx (512, 256).
@@ -687,8 +690,8 @@ TEST_CASE("the persistent Hopper kernel: a block per SM walks the tiles; it comp
     // argument struct's last words; slots and counts per block of a cluster); else the plain
     // round of whole tiles.
     CHECK((p.src.find("walk.step(tile, kb, ke)") != std::string::npos) == c.split_tail);
-    CHECK((p.src.find(c.cluster > 1 ? "KilnWalk walk(kiln_tiles, KT, gridDim.x / CL, blockIdx.x / CL, gridDim.z, true)"
-                                    : "KilnWalk walk(kiln_tiles, KT, gridDim.x, blockIdx.x, gridDim.z, true)") != std::string::npos) ==
+    CHECK((p.src.find(c.cluster > 1 ? "KilnWalk walk(kiln_tiles, KT, gridDim.x / CL, blockIdx.x / CL, gridDim.z, true, 0)"
+                                    : "KilnWalk walk(kiln_tiles, KT, gridDim.x, blockIdx.x, gridDim.z, true, 0)") != std::string::npos) ==
           c.split_tail);
     const std::string rank = c.cluster > 1 ? " * CL + kiln_crank" : "";
     CHECK((p.src.find("tile < whole; tile += gridDim.x") != std::string::npos) == c.split_tail);
@@ -723,6 +726,13 @@ TEST_CASE("the persistent Hopper kernel: a block per SM walks the tiles; it comp
   std::vector<codegen::GpuVariant> sk = p.vars;
   for (auto& v : sk) v.gemm.split_tail = true;
   CHECK(runtime::variant_key(p.vars) != runtime::variant_key(sk));
+  // In a given count of pieces (GemmConfig::tail_parts, a bench's knob): its own program, named so.
+  std::vector<codegen::GpuVariant> sk5 = sk;
+  for (auto& v : sk5) v.gemm.tail_parts = 5;
+  CHECK(runtime::variant_key(sk) != runtime::variant_key(sk5));
+  GemmConfig t5 = persistent.front();
+  t5.split_tail = true, t5.tail_parts = 5;
+  CHECK(t5.str() == persistent.front().str() + "t5");
   // Clusters: their own program; also with a split tail; not for a tile whose columns do not
   // split into 64-column shares, not for a block that is not persistent.
   std::vector<codegen::GpuVariant> cl = p.vars;

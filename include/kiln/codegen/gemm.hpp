@@ -70,6 +70,9 @@ struct GemmConfig {
   // K range at once, and each tile's last piece adds the others' sums (a split tail;
   // device/gemm_walk.h), so most SMs no longer idle through the last wave.
   bool split_tail = false;
+  // With split_tail: the pieces a tail tile is cut into (0: the walk's choice, kiln_tail_parts);
+  // a benchmark's knob (KILN_BENCH_TAIL_PARTS), its own program.
+  int tail_parts = 0;
   // Tiles of a raster group, one above the other: consecutive tiles walk down a group before
   // the next column, so a wave of blocks shares A's row panels and B's column panels in L2.
   // NOTE: on an H200 W4's step took the same time at 16 as at 8, longer at 32 and 64
@@ -100,7 +103,7 @@ struct GemmConfig {
     static const char* names[] = {"simt", "mma", "wgmma", "mfma"};
     return std::string(names[int(kind)]) + "_" + std::to_string(bm) + "x" + std::to_string(bn) +
            "x" + std::to_string(bk) + "_" + std::to_string(wm) + "x" + std::to_string(wn) + "_s" + std::to_string(stages) +
-           (persistent ? "_p" : "") + (split_epilogue ? "e" : "") + (split_tail ? "t" : "") + (group != 8 ? "_g" + std::to_string(group) : "") +
+           (persistent ? "_p" : "") + (split_epilogue ? "e" : "") + (split_tail ? "t" + (tail_parts ? std::to_string(tail_parts) : "") : "") + (group != 8 ? "_g" + std::to_string(group) : "") +
            (cluster > 1 ? "_c" + std::to_string(cluster) : "") + (k_slices > 1 ? "_ks" + std::to_string(k_slices) : "") +
            (split_k > 1 ? "_sk" + std::to_string(split_k) : "");
   }
@@ -318,7 +321,7 @@ namespace walk {
 inline walk::KilnWalk gemm_walk(const GemmConfig& c, int64_t m, int64_t n, int64_t k, int64_t batch, int sm_count) {
   const int64_t cl = c.cluster, tiles = ((m + c.bm * cl - 1) / (c.bm * cl)) * ((n + c.bn - 1) / c.bn);
   return walk::KilnWalk(tiles, int((k + c.bk - 1) / c.bk), std::min<int64_t>(tiles, std::max<int64_t>(sm_count / cl, 1)), 0, batch,
-                        c.persistent && c.split_tail);
+                        c.persistent && c.split_tail, c.tail_parts);
 }
 
 // A persistent config whose last wave of tiles is split in K (GemmConfig::split_tail), where

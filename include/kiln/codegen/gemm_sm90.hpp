@@ -160,10 +160,11 @@ class WgmmaWriter {
     // + gridDim.x / CL); a split tail: its units (KilnWalk), `whole_only` skipping the pieces
     // that end before K (they store nothing); else its one tile. (The consumers open theirs below.)
     const std::string block = cl > 1 ? "blockIdx.x / CL" : "blockIdx.x", grid = cl > 1 ? "gridDim.x / CL" : "gridDim.x";
+    const std::string walk_args = "kiln_tiles, KT, " + grid + ", " + block + ", gridDim.z, true, " + S(c_.tail_parts);
     auto tiles_open = [&](const std::string& ind, bool whole_only = false) {
       if (!persistent) return std::string();
       std::string t = !sk ? ind + "for (int64_t tile = " + block + "; tile < kiln_tiles; tile += " + grid + ") {\n"
-                          : ind + "KilnWalk walk(kiln_tiles, KT, " + grid + ", " + block + ", gridDim.z, true);\n" + ind + "int kb, ke;\n" +
+                          : ind + "KilnWalk walk(" + walk_args + ");\n" + ind + "int kb, ke;\n" +
                                 ind + "for (int64_t tile; walk.step(tile, kb, ke);) {\n" + (whole_only ? ind + "  if (ke < KT) continue;\n" : "");
       return t + ind + "  int64_t m0, n0;\n" + GemmWriter::tile_origin("tile", ind + "  ", c_.group, cl);
     };
@@ -273,7 +274,7 @@ class WgmmaWriter {
     // instructions against 27 without; sm_90a, W4's GEMMs); and so did some kernels' whole
     // tiles' loop unless its bound came through a shuffle (KilnFromLane0: one value across the warp).
     if (sk) {
-      s += "    const KilnWalk walk(kiln_tiles, KT, " + grid + ", " + block + ", gridDim.z, true);\n";
+      s += "    const KilnWalk walk(" + walk_args + ");\n";
       s += "    const int64_t whole = KilnFromLane0{}(walk.whole);\n";
       s += "    for (int64_t tile = " + block + "; tile < whole; tile += " + grid + ") {\n      int64_t m0, n0;\n" +
            GemmWriter::tile_origin("tile", "      ", c_.group, cl) + unit_body(false) + "    }\n";

@@ -39,11 +39,12 @@ struct KilnWalk {
   // `next`: the block's next whole tile, past `whole` its next unit + whole.
   int64_t grid, whole, next;
   int tail, kt, parts;
-  KILN_FN KilnWalk(int64_t tiles, int KT, int64_t grid_, int64_t block, int64_t batches, bool split_tail)
+  // `parts_wanted`: the pieces a tail tile is cut into, at most one a K step (0: kiln_tail_parts's choice).
+  KILN_FN KilnWalk(int64_t tiles, int KT, int64_t grid_, int64_t block, int64_t batches, bool split_tail, int parts_wanted = 0)
       : grid(grid_), next(block), kt(KT) {
     tail = split_tail && batches == 1 && tiles > grid ? (int)(tiles % grid) : 0;
-    parts = kiln_tail_parts(tail, grid, KT);
-    if (parts == 1) tail = 0;
+    parts = tail == 0 ? 1 : parts_wanted <= 0 ? kiln_tail_parts(tail, grid, KT) : parts_wanted < KT ? parts_wanted : KT;
+    if (parts <= 1) parts = 1, tail = 0;
     whole = tiles - tail;
   }
   // The tail's units (pieces): unit u is piece u / tail of tile whole + u % tail, its K steps
