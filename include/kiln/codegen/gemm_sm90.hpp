@@ -211,9 +211,9 @@ class WgmmaWriter {
     s += std::string("    float d[BN / 2];\n    unsigned g = 0;\n") + (split ? "    int tiles_done = 0;\n" : "");
     // One unit of the consumers' walk: a whole tile, or (pieces) a split tail's piece of one.
     auto unit_body = [&](bool pieces) {
-      const std::string KB = pieces ? "kb" : "0", KE = pieces ? "ke" : "KT";
+      const std::string from = pieces ? "kb" : "0", to = pieces ? "ke" : "KT";  // its K steps
       std::string u = "#pragma unroll\n    for (int i = 0; i < BN / 2; ++i) d[i] = 0.f;\n";
-      u += "    for (int kt = " + KB + "; kt < " + KE + "; ++kt, ++g) {\n      const int s = g % STAGES;\n";
+      u += "    for (int kt = " + from + "; kt < " + to + "; ++kt, ++g) {\n      const int s = g % STAGES;\n";
       u += "      kiln_mbar_wait(full0 + 8 * s, (g / STAGES) & 1);\n";
       u += "      const unsigned long long das = da0 + s * (A_STAGE / 16), dbs = db0 + s * (B_STAGE / 16);\n      kiln_wgmma_fence();\n";
       u += "#pragma unroll\n      for (int ks = 0; ks < BK / KS; ++ks) {\n";
@@ -223,7 +223,7 @@ class WgmmaWriter {
       u += mma_instruction("        ");
       u += "      }\n      kiln_wgmma_commit();\n      kiln_wgmma_wait<1>();\n";
       // The previous step's MMAs have finished reading their stage: back to the producer.
-      u += "      " + release_if("kt > " + KB, "empty0 + 8 * ((g - 1) % STAGES)") + "\n    }\n";
+      u += "      " + release_if("kt > " + from, "empty0 + 8 * ((g - 1) % STAGES)") + "\n    }\n";
       // Once all MMAs are done the last step's stage goes back too: the producer is already
       // loading the next tile while this one is stored.
       // A split tail's last piece of a tile adds the other pieces' sums (the slots of its
@@ -232,7 +232,7 @@ class WgmmaWriter {
       const std::string sk_args = ", threadIdx.x - 128, CONSUMERS * 128, CONSUMERS + 1);\n", rank = cl > 1 ? " * CL + kiln_crank" : "";
       const std::string done =
           "kiln_wgmma_wait<0>();\n" +
-          (persistent ? "      " + release_if(KE + " > " + KB, "empty0 + 8 * ((g - 1) % STAGES)") + "\n" : "") +
+          (persistent ? "      " + release_if(to + " > " + from, "empty0 + 8 * ((g - 1) % STAGES)") + "\n" : "") +
           (pieces ? "      if (kb > 0) kiln_split_take(d, sk_ws + (place" + rank + ") * (size_t)(BM * BN), (size_t)walk.tail" +
                         (cl > 1 ? " * CL" : "") + " * (BM * BN), walk.parts, sk_counts + place" + rank + sk_args
                   : "");

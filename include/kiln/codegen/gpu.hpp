@@ -105,10 +105,10 @@ struct GpuVariant {
   // the stages already in shared memory (gemm_sm90.hpp; runtime's assign_column_sums). No workspace.
   bool colsum_of_b = false;
   // The argument struct ends with workspace words: split rows' partials and counters, or a
-  // split-tail GEMM's slots and counts (a tile of floats per piece handed over, a count per tail
-  // tile; per block of a cluster), or a split-K
-  // GEMM's (a tile of sums per block, a counter per tile), or a GEMM's column sums (a row of
-  // sums per tile row, a counter per column of tiles).
+  // split-tail GEMM's slots and counts (a tile of floats per piece handed over, a count per
+  // tail tile; per block of a cluster), or a split-K GEMM's (a tile of sums per block, a
+  // counter per tile), or a GEMM's column sums (a row of sums per tile row, a counter per
+  // column of tiles).
   bool workspace() const {
     return split || (gemm.persistent && gemm.split_tail) || (gemm.kind == GemmKind::simt && gemm.split_k > 1) ||
            (colsum_slot >= 0 && !colsum_of_b);

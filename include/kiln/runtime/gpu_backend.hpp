@@ -763,8 +763,8 @@ inline GpuCall gpu_call(const ir::Graph& g, const CompiledPlan& cp, const Bound&
 // it starts on the SMs that kernel's last wave leaves idle instead of after it (a persistent
 // GEMM of 4096 tiles on 132 SMs keeps 4 of them busy for its last tile). Kernels that share the
 // device's staging buffer or the main stream's workspace (split rows), and vendor GEMMs (their
-// own workspace, the device's stream), stay on the main stream, in plan order. A kernel waits for the latest kernel of each
-// other stream it reads (an event; in a graph, an edge); the other streams wait for the main
+// own workspace, the device's stream), stay on the main stream, in plan order. A kernel waits
+// for the latest kernel of each other stream it reads (an event; in a graph, an edge); the other streams wait for the main
 // one at the call's start and the main one for them at the end (fork, join), so what follows
 // the call (the allocator's reuse of its buffers among it) sees it whole. A call with fewer
 // than two large kernels keeps one stream: an event costs about a microsecond of host time,

@@ -15,9 +15,9 @@
 // panels their tiles share meet in L2. (Stream-K's runs across tiles, one a block, each at its
 // own K offset, read their panels alone: on an H200 W4's GEMMs with K = 16384 ran 27% slower
 // so; docs/benchmarks.md, fourteenth session.) A piece that ends before K leaves its sums in
-// the workspace, at the slot of its unit (kiln_split_give); the last piece
-// finishes the tile: it adds the others' sums, in piece order, and stores (kiln_split_take).
-// Only for one batch (`batches` == 1).
+// the workspace, at the slot of its unit (kiln_split_give); the last piece finishes the tile:
+// it adds the others' sums, in piece order, and stores (kiln_split_take). Only for one batch
+// (`batches` == 1).
 
 // Pieces a tail tile is cut into: the count, of 1 .. 8 and at most a piece a K step, that
 // finishes the tail soonest, counted in K steps: its rounds of pieces on the blocks, plus about
