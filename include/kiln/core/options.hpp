@@ -54,8 +54,10 @@
 //                    a GEMM's blocks take the SMs first and the leaves run on those its last
 //                    round leaves idle, instead of each leaf holding every SM for its own time
 //                    between two GEMMs (off by default; KILN_IDLE_FILL=1). Decides each call's
-//                    launches, not its kernels. NOTE: written without a GPU (thirty-eighth
-//                    session); off until timed on W4 (gpu_bench's KILN_BENCH_FILL_AB=1).
+//                    launches, not its kernels. NOTE: on an H100 W4's step ran no faster with
+//                    it, three rounds (gpu_bench's KILN_BENCH_FILL_AB=1; docs/benchmarks.md,
+//                    thirty-ninth session): the loss's sum still ran before the GEMM beside
+//                    it, and dx's GEMM got the SMs after dW1's, delaying dW2's behind it.
 #pragma once
 #include <atomic>
 #include <cstdint>
