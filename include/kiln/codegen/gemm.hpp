@@ -316,12 +316,21 @@ namespace walk {
 #undef KILN_FN
 }  // namespace walk
 
+// The output tiles of an [m, n] matrix for config c, in clusters `c.cluster` tiles tall (one
+// tile each without), and a persistent config's grid in clusters: one an SM's worth, up to the
+// tiles (runtime's gpu_launch_shape launches that many times the cluster's blocks).
+inline int64_t gemm_cluster_tiles(const GemmConfig& c, int64_t m, int64_t n) {
+  return ((m + int64_t(c.bm) * c.cluster - 1) / (int64_t(c.bm) * c.cluster)) * ((n + c.bn - 1) / c.bn);
+}
+inline int64_t gemm_persistent_clusters(const GemmConfig& c, int64_t tiles, int sm_count) {
+  return std::min<int64_t>(tiles, std::max<int64_t>(sm_count / c.cluster, 1));
+}
+
 // A persistent config's walk over an [m, k] x [k, n] problem (batch of them) on `sm_count`
-// SMs, as its first block (or cluster) begins it: where it splits its tail, how (the launch's
-// grid: a block, or a cluster, an SM up to the tiles; runtime's gpu_launch_shape).
+// SMs, as its first block (or cluster) begins it: where it splits its tail, how.
 inline walk::KilnWalk gemm_walk(const GemmConfig& c, int64_t m, int64_t n, int64_t k, int64_t batch, int sm_count) {
-  const int64_t cl = c.cluster, tiles = ((m + c.bm * cl - 1) / (c.bm * cl)) * ((n + c.bn - 1) / c.bn);
-  return walk::KilnWalk(tiles, int((k + c.bk - 1) / c.bk), std::min<int64_t>(tiles, std::max<int64_t>(sm_count / cl, 1)), 0, batch,
+  const int64_t tiles = gemm_cluster_tiles(c, m, n);
+  return walk::KilnWalk(tiles, int((k + c.bk - 1) / c.bk), gemm_persistent_clusters(c, tiles, sm_count), 0, batch,
                         c.persistent && c.split_tail, c.tail_parts);
 }
 
@@ -331,8 +340,8 @@ inline walk::KilnWalk gemm_walk(const GemmConfig& c, int64_t m, int64_t n, int64
 // dy @ W2.t() (a tail of 2 cluster tiles of 66) ran 0.01-0.03 ms faster alone, its four other
 // GEMMs (tails of 34 and 50, 3-4 rounds of pieces) no faster, and the step 0.12-0.21 ms slower
 // back to back (KILN_BENCH_TAIL_AB), slower the more pieces (KILN_BENCH_TAIL_PARTS): kernel
-// overlap already runs the next GEMM on those SMs. (Its predecessor, stream-K, cut the last wave and a full one into a
-// run of K steps a block: on an H200 W4's GEMMs with K = 16384 ran 27% slower, h @ W2 1.39 ->
+// overlap already runs the next GEMM on those SMs. (Its predecessor, stream-K, cut the last
+// wave and a full one into a run of K steps a block: on an H200 W4's GEMMs with K = 16384 ran 27% slower, h @ W2 1.39 ->
 // 1.76 ms, the rest 0-5%, the step 10.74 -> 11.55 ms, blocks at different K offsets reading
 // A's and B's panels alone; docs/benchmarks.md, fourteenth session.)
 inline GemmConfig gemm_split(const GemmConfig& c, const GemmProblem& p) {
@@ -366,8 +375,8 @@ inline std::vector<GemmConfig> gemm_tuning_candidates(const GemmProblem& p) {
   bool hopper = std::any_of(all.begin(), all.end(), [&](const GemmConfig& c) { return c.kind == GemmKind::wgmma && gemm_fits(c, p); });
   for (const GemmConfig& c : all)
     if (gemm_fits(c, p) && !(hopper && c.kind == GemmKind::mma) && (p.heavy_epilogue || !c.split_epilogue))
-      for (const GemmConfig& t : {gemm_clustered(c, p), gemm_split(gemm_clustered(c, p), p)})  // split: a candidate beside
-        if (std::find(out.begin(), out.end(), t) == out.end()) out.push_back(t);                // the whole tiles'
+      for (const GemmConfig& whole = gemm_clustered(c, p); const GemmConfig& t : {whole, gemm_split(whole, p)})  // split: beside
+        if (std::find(out.begin(), out.end(), t) == out.end()) out.push_back(t);                                 // the whole tiles'
   if (GemmConfig h = gemm_heuristic(p); std::find(out.begin(), out.end(), h) == out.end()) out.push_back(h);
   return out;
 }

@@ -513,8 +513,8 @@ inline GpuLaunch gpu_launch_shape(const sched::Kernel& k, const KernelArgs& a, c
     const codegen::GemmConfig& c = v.gemm;
     L.block = {unsigned(c.threads()), 1, 1};
     // Clusters (persistent): whole clusters, each on a tile `cluster` tiles tall.
-    const int64_t cl = c.cluster, tiles = ((m + c.bm * cl - 1) / (c.bm * cl)) * ((n + c.bn - 1) / c.bn);
-    L.grid = {unsigned(c.persistent ? cl * std::min<int64_t>(tiles, std::max<int64_t>(sm_count / cl, 1)) : tiles),
+    const int64_t tiles = codegen::gemm_cluster_tiles(c, m, n);
+    L.grid = {unsigned(c.persistent ? c.cluster * codegen::gemm_persistent_clusters(c, tiles, sm_count) : tiles),
               unsigned(c.kind == codegen::GemmKind::simt ? c.split_k : 1), unsigned(batch)};
     L.shared_bytes = unsigned(codegen::gemm_shared_bytes(c, v.gemm_ops));
     return L;
