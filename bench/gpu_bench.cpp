@@ -21,6 +21,8 @@
 // (6 stages, split epilogue), in the consumers' 4-stage epilogue, and every GEMM in K steps of 32, beside the heuristic's.
 // KILN_BENCH_OVERLAP_AB=1 (with KILN_BENCH_ONLY=w4): the W4 step with kernel overlap off and on, alternated.
 // KILN_BENCH_KEEP_AB=1: the rows with kept rows loaded L2 evict_last off and on (gpu_loads_keep), alternated.
+// KILN_BENCH_PRELOAD_AB=1: the rows kept in registers with their weights loaded with the row off
+// and on (gpu_rows_preload), alternated; outputs compared bit for bit.
 // KILN_BENCH_COLSUM_AB=1 (with KILN_BENCH_ONLY=w4): the W4 step with db1 and db2 summed by rows
 // kernels and by the GEMMs that store dh and dy (kiln::gemm_column_sums, off by default), alternated.
 // KILN_BENCH_OPSUM_AB=1 (with KILN_BENCH_ONLY=w4): the W4 step with db1 and db2 summed by rows kernels
@@ -1130,6 +1132,34 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < yv.size(); ++i) ref += (yv[i] + bv[i % size_t(C)]) * (yv[i] + bv[i % size_t(C)]);
     report({name, time_ms([&] { Tensor<f32, 0> o = f(); }), time_ms([&] { auto o = eval_eager(f()); }), double(R) * C * 2 + C * 2.0 + 4,
             max_rel(s.to_vector(), {ref}), kernel_count(Mode::fused, f())});
+  }
+  if (std::getenv("KILN_BENCH_PRELOAD_AB")) {  // weights loaded with the kept row (before the reductions), off and on alternated
+    Tensor<f32, 2> x2 = randn<f32>(Shape<2>{8192, 8192}, 4), x8 = randn<f32>(Shape<2>{32768, 4096}, 8);
+    Tensor<bf16, 2> x3 = cast<bf16>(randn<f32>(Shape<2>{16384, 4096}, 5));
+    Tensor<f32, 2> x3f = randn<f32>(Shape<2>{8192, 4096}, 9);
+    Tensor<bf16, 1> w = cast<bf16>(randn<f32>(Shape<1>{4096}, 6)), b = cast<bf16>(randn<f32>(Shape<1>{4096}, 7));
+    Tensor<f32, 1> wf = randn<f32>(Shape<1>{4096}, 10), bf = randn<f32>(Shape<1>{4096}, 11);
+    auto pct = [&](double bytes, double ms) { return 100.0 * bytes / ms / 1e6 / copy_gbs; };
+    std::vector<double> w3_off, rms_off;  // bf16 values, exact in double
+    std::printf("preload A/B: %% of copy with the weights of rows kept in registers loaded where used (-1) and with the row (1)\n"
+                "%-6s %-8s %8s %8s %8s %8s %10s %12s %s\n", "round", "preload", "W2", "W3", "W8 sum", "W8 vm", "rms_norm", "W3 f32 8192", "W3 and rms_norm bits as off");
+    for (int r = 0; r < 3; ++r)
+      for (int pre : {-1, 1}) {
+        runtime::gpu_rows_preload() = pre;
+        double w2 = pct(2.0 * 8192 * 8192 * 4, time_ms([&] { Tensor<f32, 2> o = softmax(x2, -1); }));
+        double w3 = pct(2.0 * 16384 * 4096 * 2, time_ms([&] { Tensor<bf16, 2> o = layer_norm(x3, w, b, 1e-5); }));
+        double w8 = pct(32768.0 * 4096 * 4, time_ms([&] { Tensor<f32, 1> o = sum(x8, -1); }));
+        double vm = pct(32768.0 * 4096 * 4, time_ms([&] { auto o = eval(var_mean(x8, -1)); }));
+        double rms = pct(2.0 * 16384 * 4096 * 2, time_ms([&] { Tensor<bf16, 2> o = rms_norm(x3, w, 1e-6); }));
+        double lnf = pct(2.0 * 8192 * 4096 * 4, time_ms([&] { Tensor<f32, 2> o = layer_norm(x3f, wf, bf, 1e-5); }));
+        Tensor<bf16, 2> o3 = layer_norm(x3, w, b, 1e-5), orms = rms_norm(x3, w, 1e-6);
+        const std::vector<double> v3 = o3.to_vector(), vr = orms.to_vector();
+        if (pre < 0) w3_off = v3, rms_off = vr;
+        std::printf("%-6d %-8d %7.1f%% %7.1f%% %7.1f%% %7.1f%% %9.1f%% %11.1f%% %s\n", r, pre, w2, w3, w8, vm, rms, lnf,
+                    v3 == w3_off && vr == rms_off ? "yes" : "NO");
+        std::fflush(stdout);
+      }
+    runtime::gpu_rows_preload() = 0;
   }
   if (std::getenv("KILN_BENCH_KEEP_AB")) {  // the rows kept in registers loaded L2 evict_last, off and on alternated
     Tensor<f32, 2> x2 = randn<f32>(Shape<2>{8192, 8192}, 4), x8 = randn<f32>(Shape<2>{32768, 4096}, 8);

@@ -211,6 +211,13 @@ TEST_CASE("GPU dispatch: the block-size and keep overrides, a GEMM chooser, TF32
   Dispatch again = dispatch(backend, 0, soft(rows));
   CHECK(again.vars[0].keep);
   CHECK(again.loads == 0);
+  // And loading the slots only the stores read with the row (GpuVariant::preload).
+  runtime::gpu_rows_preload() = 1;
+  Dispatch preloaded = dispatch(backend, 0, soft(rows));
+  runtime::gpu_rows_preload() = 0;
+  CHECK(preloaded.vars[0].preload);
+  CHECK(preloaded.loads == 1);
+  CHECK(!dispatch(backend, 0, soft(rows)).vars[0].preload);
 
   // A GEMM chooser hook decides what the inputs do not show.
   auto a = host<bf16>(rng, Shape<2>{128, 64}), b = host<bf16>(rng, Shape<2>{64, 128});

@@ -564,6 +564,27 @@ std::vector<std::string> strategy_programs(int warp) {
     // threads an SM (at 1280, 48 registers a thread, the kernel spilled)
     CHECK(v[0].resident == 1024);
     CHECK(src.find("KILN_LAUNCH_BOUNDS(128, 8)") != std::string::npos);
+    CHECK(!v[0].preload);
+    out.push_back(src);
+  }
+  for (int64_t n : {4096, 4000}) {  // preloaded: weight and bias loaded with the row, after it, before the first reduction
+    CAPTURE(n);
+    auto xb = Tensor<bf16, 2>::empty(Shape<2>{64, n}, cpu());
+    auto w = Tensor<bf16, 1>::empty(Shape<1>{n}, cpu()), b = Tensor<bf16, 1>::empty(Shape<1>{n}, cpu());
+    runtime::gpu_rows_preload() = 1;
+    auto [src, v] = program(layer_norm(xb, w, b, 1e-5));
+    runtime::gpu_rows_preload() = 0;
+    REQUIRE(v[0].persist == 4);
+    CHECK(v[0].preload);
+    CHECK(v[0].exact == (n == 4096));
+    CHECK(occurrences(src, "kiln_load_vec_keep<") == 3);
+    CHECK(occurrences(src, "kiln_load_vec<") == 0);
+    const size_t row = src.find("kiln_load_vec_keep<8>(L2[k], q2 + j)"), weight = src.find("kiln_load_vec_keep<8>(L1[k], q1 + j)"),
+                 bias = src.find("kiln_load_vec_keep<8>(L0[k], q0 + j)"), reduce = src.find("kiln_block_reduce<");
+    CHECK(row < bias);
+    CHECK(bias < weight);
+    CHECK(weight < reduce);
+    CHECK(reduce != std::string::npos);
     out.push_back(src);
   }
   {  // a row short of the threads' chunks (4000 = 500 chunks over 128 threads x 4): each chunk checked
@@ -833,7 +854,7 @@ TEST_CASE("a weight and bias along rows past 2^31 elements on kiln::cuda(0): ind
   }
 }
 
-TEST_CASE("block rows under the residency, streaming, exact and keep overrides on kiln::cuda(0) against float64") {
+TEST_CASE("block rows under the residency, streaming, exact, keep and preload overrides on kiln::cuda(0) against float64") {
   if (!runtime::CudaDeviceApi::present()) {
     MESSAGE("no CUDA GPU: skipped");
     return;
@@ -855,6 +876,10 @@ TEST_CASE("block rows under the residency, streaming, exact and keep overrides o
   runtime::gpu_loads_keep() = -1;
   check_block_rows_resident(kiln::cuda(0), 0);
   runtime::gpu_loads_keep() = 0;
+  // the slots only the stores read (layer_norm's weight and bias) loaded with the row
+  runtime::gpu_rows_preload() = 1;
+  check_block_rows_resident(kiln::cuda(0), 0);
+  runtime::gpu_rows_preload() = 0;
 }
 
 }  // TEST_SUITE("gpu")

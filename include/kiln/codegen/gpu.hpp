@@ -60,6 +60,7 @@ struct GpuVariant {
   bool cols = false;  // one-pass rows reduced along a strided dim: a lane per V kept indices (columns)
   bool stream = false; // block rows: every 16-byte chunk stored (and a kept row loaded) marked streaming (evict first)
   bool keep = false;   // block rows kept in registers: the row loaded L2 evict_last (kiln_load_vec_keep)
+  bool preload = false; // block rows kept in registers: every slot read along the row loaded with it, before the reductions
   int threads = 256;  // block size; the kernel's launch bounds
   int resident = 1024; // not matmul: threads an SM keeps resident (launch bounds: resident / threads blocks)
   GemmConfig gemm;       // matmul: tile shapes and kind
@@ -376,7 +377,8 @@ class GpuKernelWriter {
   // loaded at the flat index ahead of the statements.
   bool whole(size_t i) const { return i < 32 && (v_.whole >> i & 1u); }
   // Persistent rows keep in registers the slots the reductions read; the rest
-  // (weights read only by the final pass, say) are loaded where they are used.
+  // (weights read only by the final pass, say) are loaded where they are used, or with the
+  // row (GpuVariant::preload), so that their loads are in flight during the reductions.
   bool kept(int i) const { return v_.persist && i < int(kept_.size()) && kept_[size_t(i)]; }
   void find_kept() {
     kept_.assign(l_.slots.size(), 0);
@@ -397,6 +399,9 @@ class GpuKernelWriter {
       const ir::Node& n = g_.nodes[size_t(id)];
       for (int a = 0; a < n.nargs; ++a) stack.push_back(g_.arg(n, a));
     }
+    if (v_.preload)  // 2: kept, though only the stores read it (loaded after the reductions' slots)
+      for (size_t i = 0; i < l_.slots.size(); ++i)
+        if (!kept_[i] && l_.slots[i].role == SlotRole::load && v_.strides[i] == Stride::unit) kept_[i] = 2;
   }
 
   // The nodes a pass computes element by element from `roots`: not loads, scalars,
@@ -554,10 +559,11 @@ class GpuKernelWriter {
       s += "  const int64_t lo = 0, hi = irows * inner;\n";
     const std::string P = std::to_string(v_.persist);
     s += offsets("r", "0", "no", "o", "  ");
-    if (v_.persist) {  // load the row once
+    if (v_.persist) {  // load the row once: the slots the reductions read first, then the others kept
       s += bases("  ", "o#");
+      for (int round : {1, 2})
       for (size_t i = 0; i < l_.slots.size(); ++i) {
-        if (!kept(int(i))) continue;
+        if (!kept(int(i)) || kept_[i] != round) continue;
         std::string si = std::to_string(i);
         s += "  alignas(16) " + stype(int(i)) + " L" + si + "[" + P + "][" + V + "];\n";
         s += "#pragma unroll\n  for (int k = 0; k < " + P + "; ++k) {\n    const int64_t j = ((int64_t)lane + (int64_t)k * gsize) * " + V +
@@ -899,7 +905,7 @@ class GpuKernelWriter {
   Layout l_;
   const GpuVariant& v_;
   std::string name_;
-  std::vector<uint8_t> kept_;
+  std::vector<uint8_t> kept_;  // per slot: 1 kept in registers (the reductions read it), 2 preloaded (GpuVariant::preload)
   std::vector<int> level_;   // rows: the pass of each reduction (find_online_sums)
   std::vector<int> online_;  // rows: per reduction, the index of the max of its online sum, or -1
   std::vector<int> folded_;  // rows: per reduction, the node whose value each element folds in

@@ -159,6 +159,17 @@ inline std::atomic<int>& gpu_loads_keep() {
   return mode;
 }
 
+// Tuning override: block rows kept in registers load every slot read along the row with it,
+// before the reductions (GpuVariant::preload; 0: kiln's choice, off; 1: on; -1: off). Its first
+// value is KILN_ROWS_PRELOAD's. A benchmark sweeps it; each value is its own compiled variant.
+inline std::atomic<int>& gpu_rows_preload() {
+  static std::atomic<int> mode{[] {
+    const char* e = std::getenv("KILN_ROWS_PRELOAD");
+    return e && *e ? std::atoi(e) : 0;
+  }()};
+  return mode;
+}
+
 // Tuning override: exact block rows (GpuVariant::exact; 0: kiln's choice, wherever the
 // row is exactly the threads' chunks; -1: off). A benchmark sweeps it.
 inline std::atomic<int>& gpu_rows_exact() {
@@ -490,6 +501,7 @@ inline codegen::GpuVariant gpu_variant(const ir::Graph& g, const sched::Kernel& 
     // A kept row loaded L2 evict_last (GpuVariant::keep). NOTE: on an H200 W2 went from 94.5 to
     // 98.2% of copy, W3 from 88.1 to 91.9%, W8 unchanged (docs/benchmarks.md, thirty-second session).
     v.keep = v.persist && !v.stream && gpu_loads_keep().load(std::memory_order_relaxed) >= 0;
+    v.preload = v.persist && !v.split && gpu_rows_preload().load(std::memory_order_relaxed) > 0;
     // A kept row of at most 16 registers a thread (W3's bf16 row, W8's) leaves room for 1280
     // resident threads (48 registers each) without spilling: on an H200 W3 went from 85.8 to
     // 87.4% of copy (W8 within noise); W2's row (32 registers and its exponentials) spills there.
@@ -617,7 +629,7 @@ inline std::string variant_text(const sched::Kernel& k, const codegen::GpuVarian
     return v.gemm.str() + (v.epilogue_vec ? " vector epilogue" : "") +
            (v.stage ? std::string(" staging ") + (v.stage == 3 ? "A, B" : v.stage == 1 ? "A" : "B") : "");
   std::string s = v.cols ? "cols" : v.split ? "split" : v.group ? "group " + std::to_string(v.group) : "";
-  if (v.persist) s += " persist " + std::to_string(v.persist) + (v.exact ? " exact" : "");
+  if (v.persist) s += " persist " + std::to_string(v.persist) + (v.exact ? " exact" : "") + (v.keep ? " kept" : "") + (v.preload ? " preloaded" : "");
   if (v.vec) s += " vec " + std::to_string(v.vec) + (v.vec_rows ? " in rows" : "");
   if (v.whole) s += " whole slots " + std::to_string(v.whole);
   if (v.rank) s += " rank " + std::to_string(v.rank) + " (" + std::to_string(v.outer_rank) + " outer)";
@@ -641,11 +653,11 @@ inline Hash128 variant_key(const std::vector<codegen::GpuVariant>& vars) {
   for (const codegen::GpuVariant& v : vars) {
     if (!v.strides.empty()) vh.add(v.strides.data(), v.strides.size());
     const codegen::GemmConfig& gc = v.gemm;
-    int32_t w[38] = {v.vec, v.group, v.persist, v.split, v.threads, int(gc.kind), gc.bm, gc.bn, gc.bk, gc.wm, gc.wn, gc.stages,
+    int32_t w[39] = {v.vec, v.group, v.persist, v.split, v.threads, int(gc.kind), gc.bm, gc.bn, gc.bk, gc.wm, gc.wn, gc.stages,
                      gc.persistent, gc.split_epilogue, v.gemm_ops.a_k_major, v.gemm_ops.b_k_major, v.cols, v.epilogue_vec, v.vec_rows,
                      v.resident, v.stream, v.exact, int32_t(v.whole), v.rank, v.outer_rank, gc.group, gc.split_tail, gc.cluster,
                      v.prologue, v.skip, gc.k_slices, gc.split_k, v.stage, v.colsum_slot, int32_t(v.colsum_dtype), int32_t(v.keep),
-                     v.colsum_of_b, gc.tail_parts};
+                     v.colsum_of_b, gc.tail_parts, v.preload};
     vh.add(w, sizeof w);
   }
   return vh.digest();
@@ -894,6 +906,7 @@ inline void variant_inputs(const std::vector<KernelArgs>& args, std::vector<int6
   out.push_back(gpu_rows_streaming().load(std::memory_order_relaxed));
   out.push_back(gpu_rows_exact().load(std::memory_order_relaxed));
   out.push_back(gpu_loads_keep().load(std::memory_order_relaxed));
+  out.push_back(gpu_rows_preload().load(std::memory_order_relaxed));
   out.push_back(allow_tf32());
   out.push_back(gemm_column_sums());
   out.push_back(gemm_operand_sums());
