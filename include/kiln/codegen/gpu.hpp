@@ -60,7 +60,7 @@ struct GpuVariant {
   bool cols = false;  // one-pass rows reduced along a strided dim: a lane per V kept indices (columns)
   bool stream = false; // block rows: every 16-byte chunk stored (and a kept row loaded) marked streaming (evict first)
   bool keep = false;   // block rows kept in registers: the row loaded L2 evict_last (kiln_load_vec_keep)
-  bool preload = false; // block rows kept in registers: every slot read along the row loaded with it, before the reductions
+  bool preload = false; // block rows kept in registers: the slots only the stores read loaded with the row, before the reductions
   int threads = 256;  // block size; the kernel's launch bounds
   int resident = 1024; // not matmul: threads an SM keeps resident (launch bounds: resident / threads blocks)
   GemmConfig gemm;       // matmul: tile shapes and kind
@@ -561,14 +561,16 @@ class GpuKernelWriter {
     s += offsets("r", "0", "no", "o", "  ");
     if (v_.persist) {  // load the row once: the slots the reductions read first, then the others kept
       s += bases("  ", "o#");
-      for (int round : {1, 2})
-      for (size_t i = 0; i < l_.slots.size(); ++i) {
-        if (!kept(int(i)) || kept_[i] != round) continue;
-        std::string si = std::to_string(i);
-        s += "  alignas(16) " + stype(int(i)) + " L" + si + "[" + P + "][" + V + "];\n";
-        s += "#pragma unroll\n  for (int k = 0; k < " + P + "; ++k) {\n    const int64_t j = ((int64_t)lane + (int64_t)k * gsize) * " + V +
-             ";\n    " + (v_.exact ? "" : "if (j < inner) ") + (v_.stream ? "kiln_load_vec_stream<" : v_.keep ? "kiln_load_vec_keep<" : "kiln_load_vec<") +
-             V + ">(L" + si + "[k], q" + si + " + j);\n  }\n";
+      for (int round : {1, 2}) {
+        for (size_t i = 0; i < l_.slots.size(); ++i) {
+          if (!kept(int(i)) || kept_[i] != round) continue;
+          std::string si = std::to_string(i);
+          s += "  alignas(16) " + stype(int(i)) + " L" + si + "[" + P + "][" + V + "];\n";
+          s += "#pragma unroll\n  for (int k = 0; k < " + P + "; ++k) {\n    const int64_t j = ((int64_t)lane + (int64_t)k * gsize) * " + V +
+               ";\n    " + (v_.exact ? "" : "if (j < inner) ") +
+               (v_.stream ? "kiln_load_vec_stream<" : v_.keep ? "kiln_load_vec_keep<" : "kiln_load_vec<") + V + ">(L" + si + "[k], q" + si +
+               " + j);\n  }\n";
+        }
       }
     }
     // The loop over one row's elements; the body sees q<i> and j. vec_body() gives the

@@ -159,8 +159,8 @@ inline std::atomic<int>& gpu_loads_keep() {
   return mode;
 }
 
-// Tuning override: block rows kept in registers load every slot read along the row with it,
-// before the reductions (GpuVariant::preload; 0: kiln's choice, off; 1: on; -1: off). Its first
+// Tuning override: block rows kept in registers load the slots only their stores read (a
+// layer_norm's weight and bias) with the row, before the reductions (GpuVariant::preload; 0: kiln's choice, off; 1: on; -1: off). Its first
 // value is KILN_ROWS_PRELOAD's. A benchmark sweeps it; each value is its own compiled variant.
 inline std::atomic<int>& gpu_rows_preload() {
   static std::atomic<int> mode{[] {
@@ -501,7 +501,7 @@ inline codegen::GpuVariant gpu_variant(const ir::Graph& g, const sched::Kernel& 
     // A kept row loaded L2 evict_last (GpuVariant::keep). NOTE: on an H200 W2 went from 94.5 to
     // 98.2% of copy, W3 from 88.1 to 91.9%, W8 unchanged (docs/benchmarks.md, thirty-second session).
     v.keep = v.persist && !v.stream && gpu_loads_keep().load(std::memory_order_relaxed) >= 0;
-    v.preload = v.persist && !v.split && gpu_rows_preload().load(std::memory_order_relaxed) > 0;
+    v.preload = v.persist && gpu_rows_preload().load(std::memory_order_relaxed) > 0;
     // A kept row of at most 16 registers a thread (W3's bf16 row, W8's) leaves room for 1280
     // resident threads (48 registers each) without spilling: on an H200 W3 went from 85.8 to
     // 87.4% of copy (W8 within noise); W2's row (32 registers and its exponentials) spills there.
@@ -629,7 +629,8 @@ inline std::string variant_text(const sched::Kernel& k, const codegen::GpuVarian
     return v.gemm.str() + (v.epilogue_vec ? " vector epilogue" : "") +
            (v.stage ? std::string(" staging ") + (v.stage == 3 ? "A, B" : v.stage == 1 ? "A" : "B") : "");
   std::string s = v.cols ? "cols" : v.split ? "split" : v.group ? "group " + std::to_string(v.group) : "";
-  if (v.persist) s += " persist " + std::to_string(v.persist) + (v.exact ? " exact" : "") + (v.keep ? " kept" : "") + (v.preload ? " preloaded" : "");
+  if (v.persist)
+    s += " persist " + std::to_string(v.persist) + (v.exact ? " exact" : "") + (v.keep ? " kept" : "") + (v.preload ? " preloaded" : "");
   if (v.vec) s += " vec " + std::to_string(v.vec) + (v.vec_rows ? " in rows" : "");
   if (v.whole) s += " whole slots " + std::to_string(v.whole);
   if (v.rank) s += " rank " + std::to_string(v.rank) + " (" + std::to_string(v.outer_rank) + " outer)";
