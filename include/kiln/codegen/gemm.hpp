@@ -341,9 +341,9 @@ inline walk::KilnWalk gemm_walk(const GemmConfig& c, int64_t m, int64_t n, int64
 // GEMMs (tails of 34 and 50, 3-4 rounds of pieces) no faster, and the step 0.12-0.21 ms slower
 // back to back (KILN_BENCH_TAIL_AB), slower the more pieces (KILN_BENCH_TAIL_PARTS): kernel
 // overlap already runs the next GEMM on those SMs. (Its predecessor, stream-K, cut the last
-// wave and a full one into a run of K steps a block: on an H200 W4's GEMMs with K = 16384 ran 27% slower, h @ W2 1.39 ->
-// 1.76 ms, the rest 0-5%, the step 10.74 -> 11.55 ms, blocks at different K offsets reading
-// A's and B's panels alone; docs/benchmarks.md, fourteenth session.)
+// wave and a full one into a run of K steps a block: on an H200 W4's GEMMs with K = 16384 ran
+// 27% slower, h @ W2 1.39 -> 1.76 ms, the rest 0-5%, the step 10.74 -> 11.55 ms, blocks at
+// different K offsets reading A's and B's panels alone; docs/benchmarks.md, fourteenth session.)
 inline GemmConfig gemm_split(const GemmConfig& c, const GemmProblem& p) {
   GemmConfig t = c;
   t.split_tail = true;

@@ -563,7 +563,7 @@ class GpuKernelWriter {
       s += bases("  ", "o#");
       for (int round : {1, 2}) {
         for (size_t i = 0; i < l_.slots.size(); ++i) {
-          if (!kept(int(i)) || kept_[i] != round) continue;
+          if (kept_[i] != round) continue;
           std::string si = std::to_string(i);
           s += "  alignas(16) " + stype(int(i)) + " L" + si + "[" + P + "][" + V + "];\n";
           s += "#pragma unroll\n  for (int k = 0; k < " + P + "; ++k) {\n    const int64_t j = ((int64_t)lane + (int64_t)k * gsize) * " + V +

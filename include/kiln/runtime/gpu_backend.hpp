@@ -148,25 +148,26 @@ inline std::atomic<int>& gpu_rows_streaming() {
   return mode;
 }
 
+// An override's first value from the environment (an A/B between processes); 0 where unset.
+inline int env_override(const char* name) {
+  const char* e = std::getenv(name);
+  return e && *e ? std::atoi(e) : 0;
+}
+
 // Tuning override: L2 evict_last on the loads of block rows kept in registers (GpuVariant::keep;
-// 0: kiln's choice, on; 1: on; -1: off). Its first value is KILN_LOADS_KEEP's
-// (an A/B between processes). A benchmark sweeps it; each value is its own compiled variant.
+// 0: kiln's choice, on; 1: on; -1: off). Its first value is KILN_LOADS_KEEP's. A benchmark
+// sweeps it; each value is its own compiled variant.
 inline std::atomic<int>& gpu_loads_keep() {
-  static std::atomic<int> mode{[] {
-    const char* e = std::getenv("KILN_LOADS_KEEP");
-    return e && *e ? std::atoi(e) : 0;
-  }()};
+  static std::atomic<int> mode{env_override("KILN_LOADS_KEEP")};
   return mode;
 }
 
 // Tuning override: block rows kept in registers load the slots only their stores read (a
-// layer_norm's weight and bias) with the row, before the reductions (GpuVariant::preload; 0: kiln's choice, off; 1: on; -1: off). Its first
-// value is KILN_ROWS_PRELOAD's. A benchmark sweeps it; each value is its own compiled variant.
+// layer_norm's weight and bias) with the row, before the reductions (GpuVariant::preload; 0:
+// kiln's choice, off; 1: on; -1: off). Its first value is KILN_ROWS_PRELOAD's. A benchmark
+// sweeps it; each value is its own compiled variant.
 inline std::atomic<int>& gpu_rows_preload() {
-  static std::atomic<int> mode{[] {
-    const char* e = std::getenv("KILN_ROWS_PRELOAD");
-    return e && *e ? std::atoi(e) : 0;
-  }()};
+  static std::atomic<int> mode{env_override("KILN_ROWS_PRELOAD")};
   return mode;
 }
 
