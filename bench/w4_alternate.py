@@ -5,7 +5,10 @@
 (scripts/gpu-check's part w4-ab: kiln, torch, kiln, torch, ...). The step is bound by
 the GPU's power limit and its time drifts as the GPU warms, so a comparison from one
 kiln run followed by one torch run favours whichever ran on the cooler GPU; here each
-side's figures come from every round, and every pair is printed.
+side's figures come from every round, and every pair is printed. kiln's process times the step as
+torch_anchor.py does, then back to back, first thing after its compile, as torch_anchor.py's
+process does (bench/gpu_bench.cpp, w4_step_bench), and scripts/gpu-check lets the board cool
+before each process.
 
 usage: w4_alternate.py [--mode MODE] kiln-1.jsonl torch-1/results.jsonl [kiln-2.jsonl torch-2/results.jsonl ...]
 MODE is torch.compile's mode the torch runs timed (default "default"; the matmul issue's goal
