@@ -141,7 +141,7 @@ struct Nvml {
     energy_mj = reinterpret_cast<int (*)(Dev, unsigned long long*)>(dlsym(h, "nvmlDeviceGetTotalEnergyConsumption"));
     clock_mhz = reinterpret_cast<int (*)(Dev, int, unsigned*)>(dlsym(h, "nvmlDeviceGetClockInfo"));
     temperature_c = reinterpret_cast<int (*)(Dev, int, unsigned*)>(dlsym(h, "nvmlDeviceGetTemperature"));
-    if (!init || !get || !energy_mj || !clock_mhz || !temperature_c || init() != 0 || get(0, &dev) != 0) dev = nullptr;
+    if (!init || !get || !energy_mj || !clock_mhz || init() != 0 || get(0, &dev) != 0) dev = nullptr;
   }
   bool ok() const { return dev != nullptr; }
   double joules() const {
@@ -154,7 +154,7 @@ struct Nvml {
   }
   unsigned gpu_celsius() const {
     unsigned t = 0;
-    return temperature_c(dev, 0, &t) == 0 ? t : 0;  // NVML_TEMPERATURE_GPU
+    return temperature_c && temperature_c(dev, 0, &t) == 0 ? t : 0;  // NVML_TEMPERATURE_GPU; 0: unknown
   }
 };
 // fn back to back: about `warm` seconds to let the clock settle where the power limit holds it,
