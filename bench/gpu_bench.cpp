@@ -34,6 +34,9 @@
 // KILN_BENCH_GEMM_TAIL=1 (with the GEMM rows): W4's GEMMs each in whole tiles and with its tail split, alternated.
 // KILN_BENCH_TAIL_PARTS=3,5,8 (with KILN_BENCH_ONLY=w4): the W4 step with its GEMMs' last waves whole and cut into
 // each count of pieces (GemmConfig::tail_parts), alternated: what kiln_tail_parts's estimate is to be checked against.
+// KILN_BENCH_DYN_AB=1 (with KILN_BENCH_ONLY=w4): the W4 step with its GEMMs' tiles in fixed lists per block and
+// from the grid's counter (kiln::gemm_dynamic_tiles, off by default), alternated, each with its errors against
+// float64; then one step of each as a timeline. KILN_BENCH_GEMM_DYN=1 (with the GEMM rows): W4's GEMMs each alone so.
 // KILN_BENCH_FILL_AB=1 (with KILN_BENCH_ONLY=w4): the W4 step with its leaves (the loss's sum, db1, db2) on a
 // third stream below the GEMMs' priority (kiln::idle_fill, off by default) and as before, alternated; then
 // one step of each as a timeline (kiln::timeline: when each kernel's stream reached it, when it ended).
@@ -503,6 +506,8 @@ static void gemm_benches() {
         }
     };
     if (std::getenv("KILN_BENCH_GEMM_TAIL")) ab("whole tiles", "split tail", [](codegen::GemmConfig& c) { c.split_tail = c.persistent; });
+    if (std::getenv("KILN_BENCH_GEMM_DYN"))
+      ab("fixed tiles", "dynamic tiles", [](codegen::GemmConfig& c) { c.dynamic = c.persistent && !c.split_tail; });
     if (std::getenv("KILN_BENCH_GEMM_CLUSTER")) ab("as the heuristic", "one block each", [](codegen::GemmConfig& c) { c.cluster = 1; });
     // Where the W4 step spends beyond its plain GEMMs: the forward's fused gelu epilogue, dh's
     // fused gelu' epilogue (it reads the saved pre-activation), the bias gradients' column sums.
@@ -832,15 +837,31 @@ static std::string w4_step_bench() {
                     w4::rel_err(std::get<5>(o), std::get<5>(ref)));
       return std::string(b);
     });
+  auto errors = [&](const auto& o) {  // the loss's and the gradients' against float64
+    char b[128];
+    std::snprintf(b, sizeof b, "rel. err loss %.1e, dx %.1e, dW1 %.1e, db1 %.1e, dW2 %.1e, db2 %.1e", w4::rel_err(std::get<0>(o), std::get<0>(ref)),
+                  w4::rel_err(std::get<1>(o), std::get<1>(ref)), w4::rel_err(std::get<2>(o), std::get<2>(ref)),
+                  w4::rel_err(std::get<3>(o), std::get<3>(ref)), w4::rel_err(std::get<4>(o), std::get<4>(ref)),
+                  w4::rel_err(std::get<5>(o), std::get<5>(ref)));
+    return std::string(b);
+  };
   if (std::getenv("KILN_BENCH_TAIL_AB"))  // the GEMMs' last waves as whole tiles, and cut in K (kiln::gemm_split_tail)
-    sums_ab("split tail", set_gemm_split_tail, gemm_split_tail(), [&](const auto& o) {
-      char b[128];
-      std::snprintf(b, sizeof b, "rel. err loss %.1e, dx %.1e, dW1 %.1e, db1 %.1e, dW2 %.1e, db2 %.1e", w4::rel_err(std::get<0>(o), std::get<0>(ref)),
-                    w4::rel_err(std::get<1>(o), std::get<1>(ref)), w4::rel_err(std::get<2>(o), std::get<2>(ref)),
-                    w4::rel_err(std::get<3>(o), std::get<3>(ref)), w4::rel_err(std::get<4>(o), std::get<4>(ref)),
-                    w4::rel_err(std::get<5>(o), std::get<5>(ref)));
-      return std::string(b);
-    });
+    sums_ab("split tail", set_gemm_split_tail, gemm_split_tail(), errors);
+  if (std::getenv("KILN_BENCH_DYN_AB")) {  // the GEMMs' tiles in fixed lists, and from the grid's counter
+    sums_ab("dynamic tiles", set_gemm_dynamic_tiles, gemm_dynamic_tiles(), errors);
+    for (bool on : {false, true}) {  // one step of each on the device's clock (kiln::timeline)
+      set_gemm_dynamic_tiles(on);
+      auto warm = evaluate_step(Mode::fused, st);
+      set_timeline(true);
+      for (int i = 0; i < 2; ++i) auto o = evaluate_step(Mode::fused, st);
+      set_timeline(false);
+      for (const TimelineEntry& e : timeline())
+        std::printf("W4 timeline, dynamic tiles %-3s stream %d  ready %7.3f  end %7.3f ms  %s\n", on ? "on" : "off", e.stream, e.ready_ms,
+                    e.end_ms, e.kernel.c_str());
+    }
+    set_gemm_dynamic_tiles(false);
+    std::fflush(stdout);
+  }
   double worst = std::max({e_loss, e[0], e[1], e[2], e[3], e[4]});
   // max-autotune from cold: a fresh cache directory (no tuning database, no compiled candidate
   // on disk); the first call tunes every matmul and compiles; then the tuned step's time.

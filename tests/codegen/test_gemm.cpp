@@ -655,16 +655,22 @@ TEST_CASE("the persistent Hopper kernel: a block per SM walks the tiles; it comp
     if (c.persistent) persistent.push_back(c);
   REQUIRE(persistent.size() == 4);  // two with a split epilogue
   for (GemmConfig c : std::vector(persistent)) {  // each also with a split tail, and in clusters of two blocks (B's
-    CHECK(!c.split_tail);                         // tile in two shares of whole 64-column boxes), also split
+    CHECK(!c.split_tail);                         // tile in two shares of whole 64-column boxes), also split; each
+    CHECK(!c.dynamic);                            // also taking its tiles from the grid's counter, alone and in clusters
     CHECK(c.cluster == 1);
     c.split_tail = true;
     persistent.push_back(c);
-    c.split_tail = false, c.cluster = 2;
+    c.split_tail = false, c.dynamic = true;
+    persistent.push_back(c);
+    c.dynamic = false, c.cluster = 2;
     if (c.bn % 128 == 0) persistent.push_back(c), c.split_tail = true, persistent.push_back(c);
+    c.split_tail = false, c.dynamic = true;
+    if (c.bn % 128 == 0) persistent.push_back(c);
   }
   for (const GemmConfig& c : persistent) {
     CAPTURE(c.str());
-    const std::string suffix = std::string(c.split_epilogue ? "_pe" : "_p") + (c.split_tail ? "t" : "") + (c.cluster > 1 ? "_c2" : "");
+    const std::string suffix = std::string(c.split_epilogue ? "_pe" : "_p") + (c.split_tail ? "t" : "") + (c.dynamic ? "d" : "") +
+                               (c.cluster > 1 ? "_c2" : "");
     CHECK(c.str().substr(c.str().find("_p")) == suffix);
     CHECK(c.group == 8);
     GemmHook force(c);
@@ -683,7 +689,14 @@ TEST_CASE("the persistent Hopper kernel: a block per SM walks the tiles; it comp
     CHECK((p.src.find("__cluster_dims__(2, 1, 1)") != std::string::npos) == (c.cluster > 1));
     CHECK((p.src.find("kiln_tma_load_3d_multicast(b") != std::string::npos) == (c.cluster > 1));
     CHECK((p.src.find("lane < CL) kiln_mbar_arrive_cluster(") != std::string::npos) == (c.cluster > 1));  // lane r to block r
-    CHECK((p.src.find("tile += gridDim.x / CL") != std::string::npos) == (c.cluster > 1));
+    CHECK((p.src.find(c.dynamic ? "(int64_t)kiln_j * (gridDim.x / CL)" : "tile += gridDim.x / CL") != std::string::npos) == (c.cluster > 1));
+    // Dynamic tiles: the producer (a cluster's rank 0) fetches each tile from the kernel's counter and
+    // passes it on through the ring; the other warps (and blocks) read it there; the last block zeroes the counter.
+    CHECK((p.src.find("static unsigned kiln_next[2];") != std::string::npos) == c.dynamic);
+    CHECK((p.src.find(c.cluster > 1 ? "(kiln_crank == 0 ? kiln_tile_fetch(kiln_next, tq, kiln_j, 2) : kiln_tile_read(tq, kiln_j, CL, false))"
+                                    : "kiln_dyn ? (int64_t)kiln_tile_fetch(kiln_next, tq, kiln_j, 1) :") != std::string::npos) == c.dynamic);
+    CHECK((p.src.find("kiln_tile_read(tq, kiln_j, " + std::to_string(c.cluster) + ", true)") != std::string::npos) == c.dynamic);
+    CHECK((p.src.find("kiln_tiles_done(kiln_next, ") != std::string::npos) == c.dynamic);
     CHECK((mm[0].epilogue_vec || mm[1].epilogue_vec));
     // A split tail: units from KilnWalk (a cluster's, in clusters; the consumers' whole tiles
     // in a loop of their own, then the pieces), sums handed over through the workspace (the
@@ -698,7 +711,7 @@ TEST_CASE("the persistent Hopper kernel: a block per SM walks the tiles; it comp
     CHECK((p.src.find("unit < walk.units(); unit += gridDim.x") != std::string::npos) == c.split_tail);
     CHECK((p.src.find("kiln_split_give(d, sk_ws + (unit" + rank + ")") != std::string::npos) == c.split_tail);
     CHECK((p.src.find("kiln_split_take(d, sk_ws + (place" + rank + ")") != std::string::npos) == c.split_tail);
-    CHECK((p.src.find("tile < kiln_tiles; tile += gridDim.x") != std::string::npos) == !c.split_tail);
+    CHECK((p.src.find("tile < kiln_tiles; tile += gridDim.x") != std::string::npos) == (!c.split_tail && !c.dynamic));
     CHECK((p.src.find("kiln_u64 ws[2]") != std::string::npos) == c.split_tail);
     for (const auto& v : mm) CHECK(v.workspace() == c.split_tail);
     CHECK((p.src.find("kiln_mbar_wait(stg_full") != std::string::npos) == c.split_epilogue);
@@ -749,6 +762,37 @@ TEST_CASE("the persistent Hopper kernel: a block per SM walks the tiles; it comp
   CHECK(!codegen::gemm_fits(c2, prob));
   c2.persistent = true, c2.bn = 192;
   CHECK(!codegen::gemm_fits(c2, prob));
+  // Dynamic tiles: their own program, named so; persistent only, never with a split tail; the
+  // heuristic's and the tuner's configs take them where kiln::gemm_dynamic_tiles() asks.
+  std::vector<codegen::GpuVariant> dy = p.vars;
+  for (auto& v : dy) v.gemm.dynamic = true;
+  CHECK(runtime::variant_key(p.vars) != runtime::variant_key(dy));
+  GemmConfig d = persistent.front();
+  d.dynamic = true;
+  CHECK(d.str() == persistent.front().str() + "d");
+  CHECK(codegen::gemm_fits(d, prob));
+  d.split_tail = true;
+  CHECK(!codegen::gemm_fits(d, prob));
+  d.split_tail = false, d.persistent = false;
+  CHECK(!codegen::gemm_fits(d, prob));
+  CHECK(!codegen::gemm_heuristic(prob).dynamic);
+  GemmProblem asked = prob;
+  asked.dynamic_tiles = true;
+  CHECK(codegen::gemm_heuristic(asked) == codegen::gemm_dynamic(codegen::gemm_heuristic(prob), asked));
+  CHECK(codegen::gemm_heuristic(asked).dynamic);
+  for (const GemmConfig& t : codegen::gemm_tuning_candidates(asked)) CHECK(t.dynamic == (t.persistent && !t.split_tail));
+  asked.split_tail = true;  // a split tail where one pays, whole tiles from the counter beside it
+  for (const GemmConfig& t : codegen::gemm_tuning_candidates(asked)) CHECK(t.dynamic == (t.persistent && !t.split_tail));
+  {  // the switch: the problem the runtime sees
+    set_gemm_dynamic_tiles(true);
+    GemmHook seen(std::nullopt);
+    GpuProgram q = cuda_program(90, matmul(e(2048, 1024), e(1024, 4096)));
+    set_gemm_dynamic_tiles(false);
+    REQUIRE(seen.seen.size() == 1);
+    CHECK(seen.seen[0].dynamic_tiles);
+    CHECK(q.matmuls()[0].gemm.dynamic);
+    CHECK(jit::cubin_sm(jit::nvrtc_compile(q.src, "kiln_gemm_dynamic", 9, 0, codegen::gpu_compile_options(q.vars))) == 90);
+  }
 }
 
 // Whether the program's rows kernel is skipped (its sums computed by a GEMM).
@@ -759,7 +803,8 @@ bool rows_skipped(const GpuProgram& p) {
   return false;
 }
 // Every bf16 wgmma candidate, and each persistent one whose tile splits into 64-column shares
-// also in clusters of two, with a split tail and both; the configs in K steps of 32, alone and in clusters.
+// also in clusters of two, with a split tail and both, and in clusters taking its tiles from the grid's counter
+// (dynamic); the configs in K steps of 32, alone and in clusters.
 std::vector<GemmConfig> wgmma_configs_forced() {
   std::vector<GemmConfig> configs;
   for (const GemmConfig& c : codegen::gemm_candidates(DType::bf16, 90))
@@ -769,6 +814,7 @@ std::vector<GemmConfig> wgmma_configs_forced() {
       configs.push_back(c), configs.back().cluster = 2;
       configs.push_back(c), configs.back().split_tail = true;
       configs.push_back(configs.back()), configs.back().cluster = 2;
+      configs.push_back(c), configs.back().cluster = 2, configs.back().dynamic = true;  // tiles from the grid's counter
     }
   for (const GemmConfig& c : codegen::gemm_k32_configs()) configs.push_back(c), configs.push_back(c), configs.back().cluster = 2;
   return configs;
@@ -1244,22 +1290,29 @@ TEST_CASE("GPU GEMM: the Hopper kernel over batches (both batched, one broadcast
   if (kiln::default_device() == kiln::cpu() || cuda_arch() != 90) return;
   KILN_TEST_RNG(rng);
   Values v{-2, 2};
-  Batch batch;
   auto a = input<bf16, 3>(rng, {4, 130, 96}, Layout::contiguous, v), b = input<bf16, 3>(rng, {4, 96, 72}, Layout::transposed, v);
   auto w = input<bf16, 2>(rng, {96, 200}, Layout::contiguous, v);
   auto at = input<bf16, 3>(rng, {3, 64, 80}, Layout::transposed, v), one = input<bf16, 3>(rng, {1, 80, 136}, Layout::contiguous, v);
-  auto add = [&](const auto& x, const auto& y, const Array& xa, const Array& ya, const std::string& what) {
-    Array scale;
-    Array want = ref::matmul(xa, ya, &scale);
-    batch.check(kiln::matmul(x, y), want, tol<bf16>().scaled(2), what, scale);
-  };
-  add(a.t, b.t, a.a, b.a, "[4, 130, 96] @ transposed [4, 96, 72]");
-  add(a.t, w.t, a.a, w.a, "[4, 130, 96] @ [96, 200] (B broadcast)");
-  add(at.t, one.t, at.a, one.a, "transposed [3, 64, 80] @ [1, 80, 136] (B's batch of one broadcast)");
-  GemmHook hook(codegen::gemm_candidates(DType::bf16, 90).front());
-  batch.run();
-  REQUIRE(hook.seen.size() == 3);
-  for (const GemmProblem& p : std::vector(hook.seen)) CHECK(codegen::gemm_choose(p).kind == GemmKind::wgmma);
+  // The first candidate (persistent), and the same taking its tiles from the grid's counter: a
+  // batch walks its tiles as the static config does (one counter serves one matrix).
+  GemmConfig dynamic = codegen::gemm_candidates(DType::bf16, 90).front();
+  dynamic.dynamic = true;
+  for (const GemmConfig& c : {codegen::gemm_candidates(DType::bf16, 90).front(), dynamic}) {
+    CAPTURE(c.str());
+    Batch batch;
+    auto add = [&](const auto& x, const auto& y, const Array& xa, const Array& ya, const std::string& what) {
+      Array scale;
+      Array want = ref::matmul(xa, ya, &scale);
+      batch.check(kiln::matmul(x, y), want, tol<bf16>().scaled(2), what, scale);
+    };
+    add(a.t, b.t, a.a, b.a, "[4, 130, 96] @ transposed [4, 96, 72]");
+    add(a.t, w.t, a.a, w.a, "[4, 130, 96] @ [96, 200] (B broadcast)");
+    add(at.t, one.t, at.a, one.a, "transposed [3, 64, 80] @ [1, 80, 136] (B's batch of one broadcast)");
+    GemmHook hook(c);
+    batch.run();
+    REQUIRE(hook.seen.size() == 3);
+    for (const GemmProblem& p : std::vector(hook.seen)) CHECK(codegen::gemm_choose(p).kind == GemmKind::wgmma);
+  }
 }
 
 TEST_CASE_TEMPLATE("GPU GEMM epilogue: gelu(x @ W1 + b1) in the tensor-core kernel, one launch", DT, bf16, f16) {
@@ -1348,6 +1401,12 @@ TEST_CASE("GPU GEMM: the persistent Hopper kernel over more tiles than SMs, each
       configs.push_back(configs.back()), configs.back().split_tail = true;
     }
   for (int g : {3, 16}) configs.push_back(configs.front()), configs.back().group = g;
+  // Dynamic tiles (from the grid's counter; run twice below: the last block leaves it at zero),
+  // each alone, and in clusters where the tile splits.
+  for (int i = 0; i < persistent; ++i) {
+    configs.push_back(configs[size_t(i)]), configs.back().dynamic = true;
+    if (configs[size_t(i)].bn % 128 == 0) configs.push_back(configs.back()), configs.back().cluster = 2;
+  }
   // K steps of 32 (64-byte swizzled K-major rows; not candidates yet), alone and in clusters.
   for (const GemmConfig& c : codegen::gemm_k32_configs()) configs.push_back(c), configs.push_back(c), configs.back().cluster = 2;
   // On 132 SMs, 128 x 256 tiles: M = 1096, N = 3896 gives 9 x 16 = 144 tiles; with a split
@@ -1391,7 +1450,8 @@ TEST_CASE("GPU GEMM: the persistent Hopper kernel over more tiles than SMs, each
     Array bound2 = ref::zip(scale2, r.a, [](double p, double q) { return p + std::fabs(q); });
     for (const GemmConfig& c : configs) {
       CAPTURE(c.str());
-      // Twice: a run leaves the split tail's counts as it found them (else the second reads stale sums).
+      // Twice: a run leaves the split tail's counts as it found them (else the second reads stale
+      // sums), and dynamic tiles' counter (else the second skips tiles: unwritten outputs).
       for (int round = 0; round < 2; ++round) {
         CAPTURE(round);
         Batch batch;

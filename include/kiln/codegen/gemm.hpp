@@ -94,6 +94,11 @@ struct GemmConfig {
   // its sums in the workspace and the tile's last block to finish adds them all, in order, and
   // stores (split-K): blocks for the SMs where the tiles are few and K is long.
   int split_k = 1;
+  // wgmma, persistent, no split tail: the blocks (clusters) take their tiles from one counter of
+  // the grid, in raster order, instead of each a fixed list (tile blockIdx.x, + gridDim.x, ...), so
+  // that one that starts late, its SM still busy with another kernel, takes fewer
+  // (kiln::gemm_dynamic_tiles; device/gemm_wgmma.cuh's kiln_tile_fetch).
+  bool dynamic = false;
 
   int threads() const {
     if (kind == GemmKind::wgmma) return (bm / wm + 1) * 128;
@@ -104,7 +109,7 @@ struct GemmConfig {
     return std::string(names[int(kind)]) + "_" + std::to_string(bm) + "x" + std::to_string(bn) +
            "x" + std::to_string(bk) + "_" + std::to_string(wm) + "x" + std::to_string(wn) + "_s" + std::to_string(stages) +
            (persistent ? "_p" : "") + (split_epilogue ? "e" : "") + (split_tail ? "t" + (tail_parts ? std::to_string(tail_parts) : "") : "") +
-           (group != 8 ? "_g" + std::to_string(group) : "") +
+           (dynamic ? "d" : "") + (group != 8 ? "_g" + std::to_string(group) : "") +
            (cluster > 1 ? "_c" + std::to_string(cluster) : "") + (k_slices > 1 ? "_ks" + std::to_string(k_slices) : "") +
            (split_k > 1 ? "_sk" + std::to_string(split_k) : "");
   }
@@ -138,6 +143,8 @@ struct GemmProblem {
   bool tf32 = false;
   // A persistent config splits its last wave's tiles in K where that pays (kiln::gemm_split_tail()).
   bool split_tail = false;
+  // A persistent config takes its tiles from the grid's counter (kiln::gemm_dynamic_tiles()).
+  bool dynamic_tiles = false;
 };
 
 inline bool gemm_has_mma(DType d, int arch, bool tf32 = false) {
@@ -204,7 +211,7 @@ inline bool gemm_fits(const GemmConfig& c, const GemmProblem& p) {
   if (c.kind == GemmKind::wgmma)
     return p.tma_ok && p.tensor_ok && gemm_has_wgmma(p.dtype, p.arch, p.tf32) &&
            (c.bk * o.elem_bytes == 128 || (c.bk == 32 && o.elem_bytes == 2)) && !(c.split_epilogue && p.dtype == DType::f32) &&
-           (c.cluster == 1 || (c.persistent && c.bn % (64 * c.cluster) == 0)) &&
+           (c.cluster == 1 || (c.persistent && c.bn % (64 * c.cluster) == 0)) && (!c.dynamic || (c.persistent && !c.split_tail)) &&
            gemm_shared_bytes(c, o) <= gemm_max_shared(p.arch);
   if (c.kind == GemmKind::mma)
     return p.tensor_ok && gemm_has_mma(p.dtype, p.arch, p.tf32) && gemm_shared_bytes(c, o) <= gemm_max_shared(p.arch);
@@ -346,8 +353,16 @@ inline walk::KilnWalk gemm_walk(const GemmConfig& c, int64_t m, int64_t n, int64
 // different K offsets reading A's and B's panels alone; docs/benchmarks.md, fourteenth session.)
 inline GemmConfig gemm_split(const GemmConfig& c, const GemmProblem& p) {
   GemmConfig t = c;
-  t.split_tail = true;
+  t.split_tail = true, t.dynamic = false;
   return p.split_tail && c.persistent && gemm_walk(t, p.m, p.n, p.k, p.batch, p.sm_count).parts > 1 ? t : c;
+}
+
+// A persistent config (no split tail) taking its tiles from the grid's counter, where
+// kiln::gemm_dynamic_tiles() asks for it.
+inline GemmConfig gemm_dynamic(const GemmConfig& c, const GemmProblem& p) {
+  GemmConfig t = c;
+  t.dynamic = true;
+  return p.dynamic_tiles && c.kind == GemmKind::wgmma && c.persistent && !c.split_tail ? t : c;
 }
 
 // A persistent config in clusters of two blocks, where one matrix (no batch) holds two full
@@ -375,7 +390,7 @@ inline std::vector<GemmConfig> gemm_tuning_candidates(const GemmProblem& p) {
   bool hopper = std::any_of(all.begin(), all.end(), [&](const GemmConfig& c) { return c.kind == GemmKind::wgmma && gemm_fits(c, p); });
   for (const GemmConfig& c : all)
     if (gemm_fits(c, p) && !(hopper && c.kind == GemmKind::mma) && (p.heavy_epilogue || !c.split_epilogue))
-      for (const GemmConfig& whole = gemm_clustered(c, p); const GemmConfig& t : {whole, gemm_split(whole, p)})  // split: beside
+      for (const GemmConfig& whole = gemm_dynamic(gemm_clustered(c, p), p); const GemmConfig& t : {whole, gemm_split(whole, p)})  // split: beside
         if (std::find(out.begin(), out.end(), t) == out.end()) out.push_back(t);                                 // the whole tiles'
   if (GemmConfig h = gemm_heuristic(p); std::find(out.begin(), out.end(), h) == out.end()) out.push_back(h);
   return out;
@@ -442,7 +457,7 @@ inline GemmConfig gemm_heuristic(const GemmProblem& p) {
     return c;
   };
   for (const GemmConfig& c : ladder)
-    if (gemm_tiles(c, p) * 10 >= p.sm_count * 9) return gemm_split(gemm_clustered(with_epilogue_wg(c), p), p);
+    if (gemm_tiles(c, p) * 10 >= p.sm_count * 9) return gemm_dynamic(gemm_split(gemm_clustered(with_epilogue_wg(c), p), p), p);
   return ladder.back();
 }
 
@@ -485,11 +500,11 @@ inline size_t gemm_split_staging_bytes(const GemmConfig& c) { return size_t(c.bm
 inline int gemm_mma_pad(const GemmOperands& o, bool k_inner) { return o.elem_bytes == 4 && !k_inner ? 8 : 16 / o.elem_bytes; }
 
 // Dynamic shared memory of an mma or wgmma kernel (0 for simt: static). wgmma: the
-// stages, their full and empty barriers, the epilogue's staging (split: two more
-// barriers and the tile), and 1 KB to align the base to the swizzle atom.
+// stages, their full and empty barriers, dynamic tiles' ring (80 bytes), the epilogue's staging
+// (split: two more barriers and the tile), and 1 KB to align the base to the swizzle atom.
 inline size_t gemm_shared_bytes(const GemmConfig& c, const GemmOperands& o) {
   if (c.kind == GemmKind::wgmma)
-    return size_t(c.stages) * (size_t(c.bm + c.bn) * size_t(c.bk) * size_t(o.elem_bytes) + 16) +
+    return size_t(c.stages) * (size_t(c.bm + c.bn) * size_t(c.bk) * size_t(o.elem_bytes) + 16) + (c.dynamic ? 80 : 0) +
            (c.split_epilogue ? 16 + gemm_split_staging_bytes(c) : size_t(c.bm / c.wm) * 64 * kWgmmaStagePitch * 4) + 1024;
   if (c.kind != GemmKind::mma) return 0;
   size_t a = o.a_k_major ? size_t(c.bm) * (c.bk + gemm_mma_pad(o, true)) : size_t(c.bk) * (c.bm + gemm_mma_pad(o, false));

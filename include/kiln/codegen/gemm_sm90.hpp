@@ -109,6 +109,7 @@ class WgmmaWriter {
   std::string body(const std::string& prelude = "") const {
     auto S = [](int v) { return std::to_string(v); };
     const bool persistent = c_.persistent, split = c_.persistent && c_.split_epilogue, sk = c_.persistent && c_.split_tail;
+    const bool dyn = persistent && c_.dynamic;  // dynamic tiles (gemm_fits: no split tail)
     const int cl = c_.cluster;  // blocks of a cluster, sharing B's tile (gemm_fits: persistent)
     const bool b_sums = sums_.format >= 0 && sums_.of_b;
     if (b_sums && !gemm_sums_b(c_, o_, d_)) throw Error("kiln: internal error: B's column sums in a " + c_.str() + " GEMM (gemm_sums_b)");
@@ -124,8 +125,15 @@ class WgmmaWriter {
     s += "  extern __shared__ __align__(128) unsigned char kiln_smem[];\n";
     s += "  const uint32_t sA = (kiln_smem_addr(kiln_smem) + 1023u) & ~1023u, sB = sA + STAGES * A_STAGE;\n";
     s += "  const uint32_t full0 = sB + STAGES * B_STAGE, empty0 = full0 + STAGES * 8;\n";
+    // Dynamic tiles: the ring of tile numbers (kiln_tile_fetch) after the stages' barriers; the
+    // grid's counter (and its count of blocks done fetching) is the kernel's own, zero between
+    // launches (kiln_tiles_done). A batch (gridDim.z > 1) walks its tiles as a static config does.
+    if (dyn)
+      s += "  static unsigned kiln_next[2];\n  const bool kiln_dyn = gridDim.z == 1;\n  const uint32_t tq = full0 + STAGES * 16;\n";
+    // After the barriers (and the ring): the split epilogue's staging, or the consumers' (staged_stores).
+    s += std::string("  const uint32_t rest = full0 + STAGES * 16") + (dyn ? " + 16 * KILN_TQ + 4 * KILN_TQ" : "") + ";\n";
     if (split)  // EPI: the epilogue warps' threads (the producer warpgroup's warps 1-3)
-      s += "  const uint32_t stg_full = full0 + STAGES * 16, stg_empty = stg_full + 8, stg = stg_full + 16;\n  constexpr int EPI = 96;\n";
+      s += "  const uint32_t stg_full = rest, stg_empty = stg_full + 8, stg = stg_full + 16;\n  constexpr int EPI = 96;\n";
     // The warpgroup's index through a shuffle, so that ptxas knows it is one value across the
     // warp (as CUTLASS's canonical_warp_group_idx): what is derived from it, the consumers'
     // wgmma descriptors, then lives in uniform registers. NOTE: from threadIdx.x alone the
@@ -152,6 +160,11 @@ class WgmmaWriter {
     s += std::string("    for (int s = 0; s < STAGES; ++s) { kiln_mbar_init(full0 + 8 * s, 1); kiln_mbar_init(empty0 + 8 * s, (CONSUMERS * 4") +
          (b_sums ? " + 2" : "") + ")" + (cl > 1 ? " * CL" : "") + "); }\n";
     if (split) s += "    kiln_mbar_init(stg_full, CONSUMERS * 128); kiln_mbar_init(stg_empty, EPI);\n";
+    // The ring's readers: every consumer warp, the split epilogue's or B's column sums' warps, in
+    // every block of a cluster, and the other blocks' producers; rank 0's empty barriers count them.
+    if (dyn)
+      s += "    for (int s = 0; s < KILN_TQ; ++s) { kiln_mbar_init(tq + 8 * s, 1); kiln_mbar_init(tq + 8 * KILN_TQ + 8 * s, (CONSUMERS * 4 + " +
+           S(split ? 3 : b_sums ? 2 : 0) + ") * " + S(cl) + " + " + S(cl - 1) + "); }\n";
     // Clustered: no copy lands in a block before its barriers are initialised.
     s += std::string("    kiln_mbar_init_fence();\n  }\n  ") + (cl > 1 ? "kiln_cluster_sync();\n" : "__syncthreads();\n");
     // Steps are counted over the block's tiles (g): step g uses stage g % STAGES, for the
@@ -161,8 +174,19 @@ class WgmmaWriter {
     // that end before K (they store nothing); else its one tile. (The consumers open theirs below.)
     const std::string block = cl > 1 ? "blockIdx.x / CL" : "blockIdx.x", grid = cl > 1 ? "gridDim.x / CL" : "gridDim.x";
     const std::string walk_args = "kiln_tiles, KT, " + grid + ", " + block + ", gridDim.z, true, " + S(c_.tail_parts);
-    auto tiles_open = [&](const std::string& ind, bool whole_only = false) {
+    // Dynamic tiles: the j-th tile the producer fetched (kiln_tile_fetch), read from the ring by
+    // the other warps (kiln_tile_read), a batch's static one (kiln_dyn false); past the tiles: done.
+    auto tiles_open = [&](const std::string& ind, bool whole_only = false, bool producer = false) {
       if (!persistent) return std::string();
+      if (dyn) {
+        const std::string fetch = "kiln_tile_fetch(kiln_next, tq, kiln_j, " + S(cl) + ")",
+                          next = !producer ? "kiln_tile_read(tq, kiln_j, " + S(cl) + ", true)"
+                                 : cl > 1  ? "(kiln_crank == 0 ? " + fetch + " : kiln_tile_read(tq, kiln_j, CL, false))"
+                                           : fetch;
+        return ind + "for (unsigned kiln_j = 0;; ++kiln_j) {\n" + ind + "  const int64_t tile = kiln_dyn ? (int64_t)" + next + " : " + block +
+               " + (int64_t)kiln_j * (" + grid + ");\n" + ind + "  if (tile >= kiln_tiles) break;\n" + ind + "  int64_t m0, n0;\n" +
+               GemmWriter::tile_origin("tile", ind + "  ", c_.group, cl);
+      }
       std::string t = !sk ? ind + "for (int64_t tile = " + block + "; tile < kiln_tiles; tile += " + grid + ") {\n"
                           : ind + "KilnWalk walk(" + walk_args + ");\n" + ind + "int kb, ke;\n" +
                                 ind + "for (int64_t tile; walk.step(tile, kb, ke);) {\n" + (whole_only ? ind + "  if (ke < KT) continue;\n" : "");
@@ -174,7 +198,7 @@ class WgmmaWriter {
     // thread after an increase, and keeps code after a decrease within it, so a split
     // config, whose producer warpgroup also runs the epilogue, keeps 168 everywhere.
     s += std::string("  if (wg == 0) {\n") + (split ? "" : "    kiln_regs_dec<40>();\n") + "    if (threadIdx.x == 0) {\n      unsigned g = 0;\n" +
-         tiles_open("      ");
+         tiles_open("      ", false, true);
     s += "      for (int kt = " + KB + "; kt < " + KE + "; ++kt, ++g) {\n        const int s = g % STAGES, k0 = kt * BK;\n";
     s += "        if (g >= STAGES) kiln_mbar_wait(empty0 + 8 * s, (g / STAGES - 1) & 1);\n";
     s += "        const uint32_t full = full0 + 8 * s, a = sA + s * A_STAGE, b = sB + s * B_STAGE;\n";
@@ -192,7 +216,9 @@ class WgmmaWriter {
     else
       s += o_.b_k_major ? "        kiln_tma_load_3d(b, &tma_b, k0, (int)n0, zb, full);\n"
                         : "        for (int j = 0; j < BN / 64; ++j) kiln_tma_load_3d(b + j * BOX, &tma_b, (int)n0 + 64 * j, k0, zb, full);\n";
-    s += "      }\n" + tiles_close("      ") + "    }\n";
+    s += "      }\n" + tiles_close("      ");
+    if (dyn) s += std::string("      if (kiln_dyn") + (cl > 1 ? " && kiln_crank == 0" : "") + ") kiln_tiles_done(kiln_next, " + grid + ");\n";
+    s += "    }\n";
     if (split) s += "    else if (threadIdx.x >= 128 - EPI) {\n" + split_epilogue(tiles_open, tiles_close) + "    }\n";
     if (b_sums) s += "    else if (threadIdx.x >= 32 && threadIdx.x < 96) {\n" + b_column_sums(tiles_open, tiles_close) + "    }\n";
     s += std::string("  } else {\n") + (split ? "" : "    kiln_regs_inc<232>();\n");
@@ -430,7 +456,7 @@ class WgmmaWriter {
         g.push_back(group_("m0 + c * 64 + " + S(q * 16) + " + t / 8", "n0 + " + S(ch * kWgmmaStageCols) + " + (t % 8) * 4", "f",
                            "c" + S(ch) + "g" + S(q)));
     std::string s = "      const int t = threadIdx.x % 128;\n";
-    s += "      float* stg = (float*)(kiln_smem + (full0 + STAGES * 16 - kiln_smem_addr(kiln_smem))) + c * 64 * " + P + ";\n";
+    s += "      float* stg = (float*)(kiln_smem + (rest - kiln_smem_addr(kiln_smem))) + c * 64 * " + P + ";\n";
     const int chunk_regs = groups * g[0].load_bytes / 4;
     const int ahead = std::clamp(chunk_regs ? 24 / chunk_regs : 3, 1, std::min(3, chunks));
     for (int ch = 0; ch < ahead; ++ch)

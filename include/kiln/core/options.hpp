@@ -58,6 +58,11 @@
 //                    it, three rounds (gpu_bench's KILN_BENCH_FILL_AB=1; docs/benchmarks.md,
 //                    thirty-ninth session): the loss's sum still ran before the GEMM beside
 //                    it, and dx's GEMM got the SMs after dW1's, delaying dW2's behind it.
+//   gemm_dynamic_tiles on a Hopper GPU, a persistent wgmma GEMM's blocks take their tiles from
+//                    one counter of the grid instead of each a fixed list, so that a block that
+//                    starts late (its SM busy with the kernel beside it) takes fewer (off by
+//                    default; KILN_GEMM_DYNAMIC_TILES=1). Decides the GEMMs' configs (and the
+//                    tuning database's key).
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -100,6 +105,10 @@ inline std::atomic<bool>& gemm_split_tail_flag() {
   static std::atomic<bool> on{env_switch("KILN_GEMM_SPLIT_TAIL", false)};
   return on;
 }
+inline std::atomic<bool>& gemm_dynamic_tiles_flag() {
+  static std::atomic<bool> on{env_switch("KILN_GEMM_DYNAMIC_TILES", false)};
+  return on;
+}
 inline std::atomic<bool>& idle_fill_flag() {
   static std::atomic<bool> on{env_switch("KILN_IDLE_FILL", false)};
   return on;
@@ -123,6 +132,9 @@ inline void set_gemm_operand_sums(bool on) { detail::gemm_operand_sums_flag().st
 
 inline bool gemm_split_tail() { return detail::gemm_split_tail_flag().load(std::memory_order_relaxed); }
 inline void set_gemm_split_tail(bool on) { detail::gemm_split_tail_flag().store(on, std::memory_order_relaxed); }
+
+inline bool gemm_dynamic_tiles() { return detail::gemm_dynamic_tiles_flag().load(std::memory_order_relaxed); }
+inline void set_gemm_dynamic_tiles(bool on) { detail::gemm_dynamic_tiles_flag().store(on, std::memory_order_relaxed); }
 
 inline bool programmatic_launch() { return detail::programmatic_launch_flag().load(std::memory_order_relaxed); }
 inline void set_programmatic_launch(bool on) { detail::programmatic_launch_flag().store(on, std::memory_order_relaxed); }

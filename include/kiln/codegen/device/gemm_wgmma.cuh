@@ -74,6 +74,59 @@ KILN_FN void kiln_mbar_arrive_cluster(uint32_t bar, uint32_t cta) {
                : "memory");
 }
 
+// Dynamic tiles (GemmConfig::dynamic): a persistent GEMM's blocks (clusters) take their tiles
+// from one counter of the grid, so a block that starts late (its SM still busy with another
+// kernel) takes fewer. The block's producer fetches each tile and passes it to the block's other
+// warps through a ring of KILN_TQ slots in shared memory at `tq`: KILN_TQ full barriers, KILN_TQ
+// empty ones, then the tile numbers. In a cluster rank 0's producer fetches for every block:
+// each block's slot is written by st.async, completing on that block's full barrier, and every
+// reader of the cluster gives the slot back to rank 0's empty barrier.
+#define KILN_TQ 4
+KILN_FN unsigned kiln_tile_fetch(unsigned* next, uint32_t tq, unsigned j, int cl) {
+  const uint32_t s = j % KILN_TQ, full = tq + 8 * s, slot = tq + 16 * KILN_TQ + 4 * s;
+  if (j >= KILN_TQ) kiln_mbar_wait(tq + 8 * KILN_TQ + 8 * s, (j / KILN_TQ - 1) & 1);
+  const unsigned t = atomicAdd(next, 1u);
+  if (cl == 1) {
+    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(slot), "r"(t) : "memory");
+    kiln_mbar_arrive(full);
+  } else {
+    for (int r = 0; r < cl; ++r)
+      asm volatile(
+          "{ .reg .b32 rb, rs; mapa.shared::cluster.u32 rb, %0, %2; mapa.shared::cluster.u32 rs, %1, %2;\n"
+          "mbarrier.arrive.expect_tx.shared::cluster.b64 _, [rb], 4;\n"
+          "st.async.shared::cluster.mbarrier::complete_tx::bytes.u32 [rs], %3, [rb]; }\n" ::"r"(full),
+          "r"(slot), "r"(r), "r"(t)
+          : "memory");
+  }
+  return t;
+}
+// A reader's j-th tile: a warp's (lane 0 waits, reads and gives the slot back; every lane gets
+// the number, one value across the warp), or one thread's (`warp` false: the producer of a
+// cluster's other blocks).
+KILN_FN unsigned kiln_tile_read(uint32_t tq, unsigned j, int cl, bool warp) {
+  const uint32_t s = j % KILN_TQ, empty = tq + 8 * KILN_TQ + 8 * s;
+  unsigned t = 0;
+  if (!warp || threadIdx.x % 32 == 0) {
+    kiln_mbar_wait(tq + 8 * s, (j / KILN_TQ) & 1);
+    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(t) : "r"(tq + 16 * KILN_TQ + 4 * s) : "memory");
+  }
+  if (warp) t = __shfl_sync(0xffffffffu, t, 0);
+  if (!warp || threadIdx.x % 32 == 0) {
+    if (cl == 1) kiln_mbar_arrive(empty);
+    else kiln_mbar_arrive_cluster(empty, 0);
+  }
+  return t;
+}
+// After the producer's last fetch: the last block (cluster) of the grid to finish fetching zeroes
+// the counter (and the count of finished ones), so that the next launch finds it as this one did.
+KILN_FN void kiln_tiles_done(unsigned* next, unsigned fetchers) {
+  __threadfence();
+  if (atomicAdd(next + 1, 1u) == fetchers - 1) {
+    atomicExch(next, 0u);
+    atomicExch(next + 1, 0u);
+  }
+}
+
 KILN_FN void kiln_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 KILN_FN void kiln_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N> KILN_FN void kiln_wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
