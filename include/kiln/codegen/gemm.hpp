@@ -358,7 +358,9 @@ inline GemmConfig gemm_split(const GemmConfig& c, const GemmProblem& p) {
 }
 
 // A persistent config (no split tail) taking its tiles from the grid's counter, where
-// kiln::gemm_dynamic_tiles() asks for it.
+// kiln::gemm_dynamic_tiles() asks for it. Off by default. NOTE: on an H200 (docs/benchmarks.md,
+// forty-second session) W4's step ran the same with it, three rounds alternated, and so did its
+// six GEMMs back to back, the same bits (why no block gained from it is not taken apart).
 inline GemmConfig gemm_dynamic(const GemmConfig& c, const GemmProblem& p) {
   GemmConfig t = c;
   t.dynamic = true;

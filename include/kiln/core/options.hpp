@@ -62,7 +62,8 @@
 //                    one counter of the grid instead of each a fixed list, so that a block that
 //                    starts late (its SM busy with the kernel beside it) takes fewer (off by
 //                    default; KILN_GEMM_DYNAMIC_TILES=1). Decides the GEMMs' configs (and the
-//                    tuning database's key).
+//                    tuning database's key). NOTE: on an H200 W4's step ran the same with it
+//                    (gpu_bench's KILN_BENCH_DYN_AB=1; docs/benchmarks.md, forty-second session).
 #pragma once
 #include <atomic>
 #include <cstdint>
