@@ -895,7 +895,13 @@ TEST_CASE("GPU dispatch: with a split tail (kiln::gemm_split_tail) the GEMMs who
   codegen::GemmProblem q;
   const std::string plain = runtime::matmul_tune_key(g, kernels[k], cp->layouts[k], q, "", "sm_90").text();
   q.split_tail = true;
-  CHECK(runtime::matmul_tune_key(g, kernels[k], cp->layouts[k], q, "", "sm_90").text() != plain);
+  const std::string tail = runtime::matmul_tune_key(g, kernels[k], cp->layouts[k], q, "", "sm_90").text();
+  CHECK(tail != plain);
+  // So with dynamic tiles asked for (kiln::gemm_dynamic_tiles: its candidates take them).
+  q.split_tail = false, q.dynamic_tiles = true;
+  const std::string dynamic = runtime::matmul_tune_key(g, kernels[k], cp->layouts[k], q, "", "sm_90").text();
+  CHECK(dynamic != plain);
+  CHECK(dynamic != tail);
 }
 
 TEST_CASE("GPU dispatch: a training step's large independent kernels overlap on two streams and in a graph, each after all it reads") {

@@ -29,6 +29,10 @@
 // counted across its tiles, so the producer fills the ring with the next tile's K steps
 // while the consumers still store this one, and no block start or pipeline fill is paid
 // per tile.
+// Dynamic tiles (GemmConfig::dynamic, persistent, no split tail): the producer takes each next
+// tile from a counter of the kernel's own and passes it to the block's other warps (in a cluster,
+// rank 0's to every block's) through a ring in shared memory (device/gemm_wgmma.cuh's
+// kiln_tile_fetch), so that a block that starts late takes fewer tiles.
 // Split tail (GemmConfig::split_tail, persistent): the block walks units of K steps (KilnWalk,
 // device/gemm_walk.h): whole tiles, then pieces of the last wave's tiles cut in K. A piece that
 // ends before K leaves its sums in its workspace slot (kiln_split_give); the tile's last piece
