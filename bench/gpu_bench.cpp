@@ -795,17 +795,24 @@ static std::string w4_step_bench() {
     launch_ab("kernel overlap", set_kernel_overlap, true, &Counters::kernels_overlapped);
   if (std::getenv("KILN_BENCH_PDL_AB"))  // each kernel started as the one before it ends
     launch_ab("programmatic launch", set_programmatic_launch, true, &Counters::kernels_programmatic);
-  if (std::getenv("KILN_BENCH_FILL_AB")) {  // the leaves on SMs the GEMMs leave idle
-    launch_ab("idle fill", set_idle_fill, false, &Counters::kernels_filling);
-    for (bool on : {false, true}) {  // one step's launches on the device's clock (kiln::timeline)
-      set_idle_fill(on), set_timeline(true);
+  // A switch off and on, one step of each on the device's clock (kiln::timeline: when each
+  // kernel's stream reached it, when it ended), after a step that compiles; the switch off after.
+  auto timelines = [&](const char* what, void (*set)(bool)) {
+    for (bool on : {false, true}) {
+      set(on);
+      auto warm = evaluate_step(Mode::fused, st);
+      set_timeline(true);
       for (int i = 0; i < 2; ++i) auto o = evaluate_step(Mode::fused, st);
-      set_idle_fill(false), set_timeline(false);
+      set(false), set_timeline(false);
       for (const TimelineEntry& e : timeline())
-        std::printf("W4 timeline, idle fill %-3s stream %d  ready %7.3f  end %7.3f ms  %s\n", on ? "on" : "off", e.stream, e.ready_ms, e.end_ms,
+        std::printf("W4 timeline, %s %-3s stream %d  ready %7.3f  end %7.3f ms  %s\n", what, on ? "on" : "off", e.stream, e.ready_ms, e.end_ms,
                     e.kernel.c_str());
     }
     std::fflush(stdout);
+  };
+  if (std::getenv("KILN_BENCH_FILL_AB")) {  // the leaves on SMs the GEMMs leave idle
+    launch_ab("idle fill", set_idle_fill, false, &Counters::kernels_filling);
+    timelines("idle fill", set_idle_fill);
   }
   // A switch that decides the step's kernels, off and on alternated, three rounds: the kernels
   // launched, the step's times and what `check` says of db1 and db2; then `after`.
@@ -849,18 +856,7 @@ static std::string w4_step_bench() {
     sums_ab("split tail", set_gemm_split_tail, gemm_split_tail(), errors);
   if (std::getenv("KILN_BENCH_DYN_AB")) {  // the GEMMs' tiles in fixed lists, and from the grid's counter
     sums_ab("dynamic tiles", set_gemm_dynamic_tiles, gemm_dynamic_tiles(), errors);
-    for (bool on : {false, true}) {  // one step of each on the device's clock (kiln::timeline)
-      set_gemm_dynamic_tiles(on);
-      auto warm = evaluate_step(Mode::fused, st);
-      set_timeline(true);
-      for (int i = 0; i < 2; ++i) auto o = evaluate_step(Mode::fused, st);
-      set_timeline(false);
-      for (const TimelineEntry& e : timeline())
-        std::printf("W4 timeline, dynamic tiles %-3s stream %d  ready %7.3f  end %7.3f ms  %s\n", on ? "on" : "off", e.stream, e.ready_ms,
-                    e.end_ms, e.kernel.c_str());
-    }
-    set_gemm_dynamic_tiles(false);
-    std::fflush(stdout);
+    timelines("dynamic tiles", set_gemm_dynamic_tiles);
   }
   double worst = std::max({e_loss, e[0], e[1], e[2], e[3], e[4]});
   // max-autotune from cold: a fresh cache directory (no tuning database, no compiled candidate

@@ -488,6 +488,10 @@ inline GemmConfig gemm_choose(const GemmProblem& p) {
   return gemm_heuristic(p);
 }
 
+// Dynamic tiles' ring in a wgmma kernel's shared memory (device/gemm_wgmma.cuh, KILN_TQ = 4 slots):
+// a full and an empty barrier and a 4-byte tile number per slot.
+inline constexpr int kWgmmaTileRingBytes = 4 * (8 + 8 + 4);
+
 // wgmma's staged epilogue: per consumer warpgroup, 64 rows x 32 columns of f32
 // accumulators, rows 40 floats apart (the fragment writes and the row reads meet no bank conflicts).
 inline constexpr int kWgmmaStageCols = 32, kWgmmaStagePitch = 40;
@@ -502,11 +506,11 @@ inline size_t gemm_split_staging_bytes(const GemmConfig& c) { return size_t(c.bm
 inline int gemm_mma_pad(const GemmOperands& o, bool k_inner) { return o.elem_bytes == 4 && !k_inner ? 8 : 16 / o.elem_bytes; }
 
 // Dynamic shared memory of an mma or wgmma kernel (0 for simt: static). wgmma: the
-// stages, their full and empty barriers, dynamic tiles' ring (80 bytes), the epilogue's staging
+// stages, their full and empty barriers, dynamic tiles' ring, the epilogue's staging
 // (split: two more barriers and the tile), and 1 KB to align the base to the swizzle atom.
 inline size_t gemm_shared_bytes(const GemmConfig& c, const GemmOperands& o) {
   if (c.kind == GemmKind::wgmma)
-    return size_t(c.stages) * (size_t(c.bm + c.bn) * size_t(c.bk) * size_t(o.elem_bytes) + 16) + (c.dynamic ? 80 : 0) +
+    return size_t(c.stages) * (size_t(c.bm + c.bn) * size_t(c.bk) * size_t(o.elem_bytes) + 16) + (c.dynamic ? kWgmmaTileRingBytes : 0) +
            (c.split_epilogue ? 16 + gemm_split_staging_bytes(c) : size_t(c.bm / c.wm) * 64 * kWgmmaStagePitch * 4) + 1024;
   if (c.kind != GemmKind::mma) return 0;
   size_t a = o.a_k_major ? size_t(c.bm) * (c.bk + gemm_mma_pad(o, true)) : size_t(c.bk) * (c.bm + gemm_mma_pad(o, false));

@@ -135,7 +135,7 @@ class WgmmaWriter {
     if (dyn)
       s += "  static unsigned kiln_next[2];\n  const bool kiln_dyn = gridDim.z == 1;\n  const uint32_t tq = full0 + STAGES * 16;\n";
     // After the barriers (and the ring): the split epilogue's staging, or the consumers' (staged_stores).
-    if (split || group_) s += std::string("  const uint32_t rest = full0 + STAGES * 16") + (dyn ? " + 16 * KILN_TQ + 4 * KILN_TQ" : "") + ";\n";
+    if (split || group_) s += std::string("  const uint32_t rest = full0 + STAGES * 16") + (dyn ? " + " + S(kWgmmaTileRingBytes) : "") + ";\n";
     if (split)  // EPI: the epilogue warps' threads (the producer warpgroup's warps 1-3)
       s += "  const uint32_t stg_full = rest, stg_empty = stg_full + 8, stg = stg_full + 16;\n  constexpr int EPI = 96;\n";
     // The warpgroup's index through a shuffle, so that ptxas knows it is one value across the
