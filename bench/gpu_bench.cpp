@@ -15,6 +15,8 @@
 // KILN_BENCH_GEMM_SWEEP=1 also times bf16 8192^3 and the W4 step with each GEMM config forced;
 // KILN_BENCH_ONLY=small (or prologue, tf32) those rows alone, KILN_BENCH_GEMM_SMALL_SWEEP=1 each SIMT config forced.
 // KILN_BENCH_ONLY=energy: W4's GEMMs and step back to back, energy per call from NVML (torch_w4_gemms.py --energy).
+//   KILN_BENCH_ENERGY_SERP=1: each GEMM as the heuristic picks and with straight walks (no serpentine); KILN_BENCH_ENERGY_ONCE=1:
+//   each GEMM in each variant called twice, for a profiler.
 // KILN_BENCH_ONLY=epilogue: x @ W1 alone, with a bias, two outputs, gelu, gelu and gelu', back to back.
 // KILN_BENCH_SPLIT_AB=1 (with KILN_BENCH_ONLY=w4): the W4 step with the split epilogue forced on its GEMMs with long epilogues.
 // KILN_BENCH_HEAVY_AB=1 (with KILN_BENCH_ONLY=w4): the W4 step with its two heavy-epilogue GEMMs in K steps of 32
@@ -37,6 +39,9 @@
 // KILN_BENCH_DYN_AB=1 (with KILN_BENCH_ONLY=w4): the W4 step with its GEMMs' tiles in fixed lists per block and
 // from the grid's counter (kiln::gemm_dynamic_tiles, off by default), alternated, each with its errors against
 // float64; then one step of each as a timeline. KILN_BENCH_GEMM_DYN=1 (with the GEMM rows): W4's GEMMs each alone so.
+// KILN_BENCH_SERP_AB=1 (with KILN_BENCH_ONLY=w4): the same with the GEMMs' odd waves walking K backwards and odd
+// raster groups their columns from the right (kiln::gemm_serpentine, on by default), off and on. KILN_BENCH_GEMM_SERP=1
+// (with the GEMM rows): W4's GEMMs each alone, as the heuristic picks and with straight walks.
 // KILN_BENCH_FILL_AB=1 (with KILN_BENCH_ONLY=w4): the W4 step with its leaves (the loss's sum, db1, db2) on a
 // third stream below the GEMMs' priority (kiln::idle_fill, off by default) and as before, alternated; then
 // one step of each as a timeline (kiln::timeline: when each kernel's stream reached it, when it ended).
@@ -508,6 +513,8 @@ static void gemm_benches() {
     if (std::getenv("KILN_BENCH_GEMM_TAIL")) ab("whole tiles", "split tail", [](codegen::GemmConfig& c) { c.split_tail = c.persistent; });
     if (std::getenv("KILN_BENCH_GEMM_DYN"))
       ab("fixed tiles", "dynamic tiles", [](codegen::GemmConfig& c) { c.dynamic = c.persistent && !c.split_tail; });
+    if (std::getenv("KILN_BENCH_GEMM_SERP"))
+      ab("as the heuristic", "straight walks", [](codegen::GemmConfig& c) { c.serpentine = false; });
     if (std::getenv("KILN_BENCH_GEMM_CLUSTER")) ab("as the heuristic", "one block each", [](codegen::GemmConfig& c) { c.cluster = 1; });
     // Where the W4 step spends beyond its plain GEMMs: the forward's fused gelu epilogue, dh's
     // fused gelu' epilogue (it reads the saved pre-activation), the bias gradients' column sums.
@@ -587,21 +594,39 @@ static void gemm_energy_bench() {
   // consumer warpgroup two 64-row blocks, cuBLAS's tile for the K = 16384 GEMMs; branch
   // gemm-256x128): none took less time than the heuristic's config on any of the six
   // (docs/benchmarks.md).
-  const std::vector<std::pair<std::string, Tweak>> variants = {
-      {"as the heuristic", [](codegen::GemmConfig&) {}},
-      {"one block each", [](codegen::GemmConfig& c) { c.cluster = 1; }},
-      {"raster groups of 16", [](codegen::GemmConfig& c) { c.group = 16; }}};
+  // KILN_BENCH_ENERGY_SERP=1: the heuristic's config beside it with straight walks (no GemmConfig::serpentine).
+  const std::vector<std::pair<std::string, Tweak>> variants =
+      std::getenv("KILN_BENCH_ENERGY_SERP")
+          ? std::vector<std::pair<std::string, Tweak>>{{"as the heuristic", [](codegen::GemmConfig&) {}},
+                                                       {"straight walks", [](codegen::GemmConfig& c) { c.serpentine = false; }}}
+          : std::vector<std::pair<std::string, Tweak>>{{"as the heuristic", [](codegen::GemmConfig&) {}},
+                                                       {"one block each", [](codegen::GemmConfig& c) { c.cluster = 1; }},
+                                                       {"raster groups of 16", [](codegen::GemmConfig& c) { c.group = 16; }}};
   const double flops = 2.0 * 8192 * 4096 * 16384;
+  std::string picked;  // the config the chooser last gave
+  auto choose = [&](const Tweak& tweak) {
+    codegen::gemm_chooser() = [&picked, tweak](const codegen::GemmProblem& q) {
+      codegen::GemmConfig c = tweaked_heuristic(q, tweak);
+      picked = c.str();
+      return std::optional(c);
+    };
+  };
+  // KILN_BENCH_ENERGY_ONCE=1: each GEMM in each variant twice (the first compiles), no loops, and
+  // return: the launches a profiler (ncu) reads, 384-thread blocks in the order printed.
+  if (std::getenv("KILN_BENCH_ENERGY_ONCE")) {
+    for (const auto& [name, fn] : gemms)
+      for (const auto& [label, tweak] : variants) {
+        choose(tweak), fn(), fn();
+        std::printf("once: %-12s %-26s %s\n", name.c_str(), label.c_str(), picked.c_str());
+      }
+    codegen::gemm_chooser() = nullptr;
+    return;
+  }
   // KILN_BENCH_ENERGY_QUICK=1: the six in a row and the step alone (a short device lease).
   for (int round = 0; round < (std::getenv("KILN_BENCH_ENERGY_QUICK") ? 0 : 2); ++round)
     for (const auto& [name, fn] : gemms)
       for (const auto& [label, tweak] : variants) {
-        std::string picked;
-        codegen::gemm_chooser() = [&](const codegen::GemmProblem& q) {
-          codegen::GemmConfig c = tweaked_heuristic(q, tweak);
-          picked = c.str();
-          return std::optional(c);
-        };
+        choose(tweak);
         EnergyRun e = energy_loop(nv, fn, 0.3, 0.8);
         std::printf("energy, round %d, %-12s %-26s %-34s %7.3f ms %7.1f mJ %5.0f W %4u MHz %5.0f TFLOP/s %5.2f pJ/flop\n", round,
                     name.c_str(), label.c_str(), picked.c_str(), e.ms, e.mj, e.watts, e.mhz, flops / e.ms / 1e9, e.mj * 1e9 / flops);
@@ -857,6 +882,10 @@ static std::string w4_step_bench() {
   if (std::getenv("KILN_BENCH_DYN_AB")) {  // the GEMMs' tiles in fixed lists, and from the grid's counter
     sums_ab("dynamic tiles", set_gemm_dynamic_tiles, gemm_dynamic_tiles(), errors);
     timelines("dynamic tiles", set_gemm_dynamic_tiles);
+  }
+  if (std::getenv("KILN_BENCH_SERP_AB")) {  // the GEMMs' waves all forward, and serpentine
+    sums_ab("serpentine", set_gemm_serpentine, gemm_serpentine(), errors);
+    timelines("serpentine", set_gemm_serpentine);
   }
   double worst = std::max({e_loss, e[0], e[1], e[2], e[3], e[4]});
   // max-autotune from cold: a fresh cache directory (no tuning database, no compiled candidate

@@ -657,6 +657,7 @@ TEST_CASE("the persistent Hopper kernel: a block per SM walks the tiles; it comp
   for (GemmConfig c : std::vector(persistent)) {  // each also with a split tail, and in clusters of two blocks (B's
     CHECK(!c.split_tail);                         // tile in two shares of whole 64-column boxes), also split; each
     CHECK(!c.dynamic);                            // also taking its tiles from the grid's counter, alone and in clusters
+    CHECK(!c.serpentine);
     CHECK(c.cluster == 1);
     c.split_tail = true;
     persistent.push_back(c);
@@ -666,11 +667,17 @@ TEST_CASE("the persistent Hopper kernel: a block per SM walks the tiles; it comp
     if (c.bn % 128 == 0) persistent.push_back(c), c.split_tail = true, persistent.push_back(c);
     c.split_tail = false, c.dynamic = true;
     if (c.bn % 128 == 0) persistent.push_back(c);
+    c.serpentine = true;  // serpentine walks: with dynamic tiles in clusters, and plain alone and in clusters
+    if (c.bn % 128 == 0) persistent.push_back(c);
+    c.dynamic = false;
+    if (c.bn % 128 == 0) persistent.push_back(c);
+    c.cluster = 1;
+    persistent.push_back(c);
   }
   for (const GemmConfig& c : persistent) {
     CAPTURE(c.str());
     const std::string suffix = std::string(c.split_epilogue ? "_pe" : "_p") + (c.split_tail ? "t" : "") + (c.dynamic ? "d" : "") +
-                               (c.cluster > 1 ? "_c2" : "");
+                               (c.serpentine ? "z" : "") + (c.cluster > 1 ? "_c2" : "");
     CHECK(c.str().substr(c.str().find("_p")) == suffix);
     CHECK(c.group == 8);
     GemmHook force(c);
@@ -697,6 +704,12 @@ TEST_CASE("the persistent Hopper kernel: a block per SM walks the tiles; it comp
                                     : "kiln_dyn ? (int64_t)kiln_tile_fetch(kiln_next, tq, kiln_j, 1) :") != std::string::npos) == c.dynamic);
     CHECK((p.src.find("kiln_tile_read(tq, kiln_j, " + std::to_string(c.cluster) + ", true)") != std::string::npos) == c.dynamic);
     CHECK((p.src.find("kiln_tiles_done(kiln_next, ") != std::string::npos) == c.dynamic);
+    // Serpentine: the producer loads the block's odd tiles' K steps from the last; odd raster groups
+    // take their columns from the right (every warp places its tiles so).
+    CHECK((p.src.find("k0 = (kiln_rev ? KT - 1 - kt : kt) * BK") != std::string::npos) == c.serpentine);
+    CHECK((p.src.find(std::string("kiln_rev = (tile / (") + (c.cluster > 1 ? "gridDim.x / CL" : "gridDim.x") + ")) % 2 != 0") !=
+           std::string::npos) == c.serpentine);
+    CHECK((p.src.find("% 2 ? gn - 1 - col : col) * BN") != std::string::npos) == c.serpentine);
     CHECK((mm[0].epilogue_vec || mm[1].epilogue_vec));
     // A split tail: units from KilnWalk (a cluster's, in clusters; the consumers' whole tiles
     // in a loop of their own, then the pieces), sums handed over through the workspace (the
@@ -762,19 +775,24 @@ TEST_CASE("the persistent Hopper kernel: a block per SM walks the tiles; it comp
   CHECK(!codegen::gemm_fits(c2, prob));
   c2.persistent = true, c2.bn = 192;
   CHECK(!codegen::gemm_fits(c2, prob));
-  // Dynamic tiles: their own program, named so; persistent only, never with a split tail; the
-  // heuristic's and the tuner's configs take them where kiln::gemm_dynamic_tiles() asks.
-  std::vector<codegen::GpuVariant> dy = p.vars;
-  for (auto& v : dy) v.gemm.dynamic = true;
-  CHECK(runtime::variant_key(p.vars) != runtime::variant_key(dy));
-  GemmConfig d = persistent.front();
-  d.dynamic = true;
-  CHECK(d.str() == persistent.front().str() + "d");
-  CHECK(codegen::gemm_fits(d, prob));
-  d.split_tail = true;
-  CHECK(!codegen::gemm_fits(d, prob));
-  d.split_tail = false, d.persistent = false;
-  CHECK(!codegen::gemm_fits(d, prob));
+  // A flag of the persistent walk (dynamic tiles, serpentine): its own program, named by `letter`;
+  // persistent only, never with a split tail.
+  auto walk_flag = [&](bool GemmConfig::*flag, const std::string& letter) {
+    std::vector<codegen::GpuVariant> with = p.vars;
+    for (auto& v : with) v.gemm.*flag = true;
+    CHECK(runtime::variant_key(p.vars) != runtime::variant_key(with));
+    GemmConfig f = persistent.front();
+    f.*flag = true;
+    CHECK(f.str() == persistent.front().str() + letter);
+    CHECK(codegen::gemm_fits(f, prob));
+    f.split_tail = true;
+    CHECK(!codegen::gemm_fits(f, prob));
+    f.split_tail = false, f.persistent = false;
+    CHECK(!codegen::gemm_fits(f, prob));
+  };
+  // Dynamic tiles: the heuristic's and the tuner's configs take them where
+  // kiln::gemm_dynamic_tiles() asks.
+  walk_flag(&GemmConfig::dynamic, "d");
   CHECK(!codegen::gemm_heuristic(prob).dynamic);
   GemmProblem asked = prob;
   asked.dynamic_tiles = true;
@@ -792,6 +810,32 @@ TEST_CASE("the persistent Hopper kernel: a block per SM walks the tiles; it comp
     CHECK(seen.seen[0].dynamic_tiles);
     CHECK(q.matmuls()[0].gemm.dynamic);
     CHECK(jit::cubin_sm(jit::nvrtc_compile(q.src, "kiln_gemm_dynamic", 9, 0, codegen::gpu_compile_options(q.vars))) == 90);
+  }
+  // Serpentine walks: taken where kiln::gemm_serpentine() asks (by default: the runtime's problem
+  // asks), with dynamic tiles too.
+  walk_flag(&GemmConfig::serpentine, "z");
+  CHECK(prob.serpentine);
+  GemmProblem straight = prob;
+  straight.serpentine = false;
+  CHECK(!codegen::gemm_heuristic(straight).serpentine);
+  CHECK(codegen::gemm_heuristic(prob) == codegen::gemm_serpentine(codegen::gemm_heuristic(straight), prob));
+  CHECK(codegen::gemm_heuristic(prob).serpentine);
+  GemmProblem serp = prob;
+  serp.dynamic_tiles = true;
+  CHECK(codegen::gemm_heuristic(serp).serpentine);
+  CHECK(codegen::gemm_heuristic(serp).dynamic);
+  serp.split_tail = true;
+  for (const GemmConfig& t : codegen::gemm_tuning_candidates(serp)) CHECK(t.serpentine == (t.persistent && !t.split_tail));
+  for (const GemmConfig& t : codegen::gemm_tuning_candidates(straight)) CHECK(!t.serpentine);
+  {  // the switch off: the problem the runtime sees, and its program
+    set_gemm_serpentine(false);
+    GemmHook seen(std::nullopt);
+    GpuProgram q = cuda_program(90, matmul(e(2048, 1024), e(1024, 4096)));
+    set_gemm_serpentine(true);
+    REQUIRE(seen.seen.size() == 1);
+    CHECK(!seen.seen[0].serpentine);
+    CHECK(!q.matmuls()[0].gemm.serpentine);
+    CHECK(q.src.find("kiln_rev") == std::string::npos);
   }
 }
 
@@ -815,6 +859,7 @@ std::vector<GemmConfig> wgmma_configs_forced() {
       configs.push_back(c), configs.back().split_tail = true;
       configs.push_back(configs.back()), configs.back().cluster = 2;
       configs.push_back(c), configs.back().cluster = 2, configs.back().dynamic = true;  // tiles from the grid's counter
+      configs.push_back(c), configs.back().cluster = 2, configs.back().serpentine = true;  // serpentine walks
     }
   for (const GemmConfig& c : codegen::gemm_k32_configs()) configs.push_back(c), configs.push_back(c), configs.back().cluster = 2;
   return configs;
@@ -1295,9 +1340,10 @@ TEST_CASE("GPU GEMM: the Hopper kernel over batches (both batched, one broadcast
   auto at = input<bf16, 3>(rng, {3, 64, 80}, Layout::transposed, v), one = input<bf16, 3>(rng, {1, 80, 136}, Layout::contiguous, v);
   // The first candidate (persistent), and the same taking its tiles from the grid's counter: a
   // batch walks its tiles as the static config does (one counter serves one matrix).
-  GemmConfig dynamic = codegen::gemm_candidates(DType::bf16, 90).front();
-  dynamic.dynamic = true;
-  for (const GemmConfig& c : {codegen::gemm_candidates(DType::bf16, 90).front(), dynamic}) {
+  // And serpentine walks (odd waves' K backwards).
+  GemmConfig dynamic = codegen::gemm_candidates(DType::bf16, 90).front(), serpentine = dynamic;
+  dynamic.dynamic = true, serpentine.serpentine = true;
+  for (const GemmConfig& c : {codegen::gemm_candidates(DType::bf16, 90).front(), dynamic, serpentine}) {
     CAPTURE(c.str());
     Batch batch;
     auto add = [&](const auto& x, const auto& y, const Array& xa, const Array& ya, const std::string& what) {
@@ -1407,6 +1453,15 @@ TEST_CASE("GPU GEMM: the persistent Hopper kernel over more tiles than SMs, each
     configs.push_back(configs[size_t(i)]), configs.back().dynamic = true;
     if (configs[size_t(i)].bn % 128 == 0) configs.push_back(configs.back()), configs.back().cluster = 2;
   }
+  // Serpentine walks (the blocks' second tiles load K from its end; odd raster groups' columns
+  // from the right), each alone and in clusters where the tile splits; in clusters also with
+  // groups of 3 cluster rows (5 cluster rows: an odd group) and with dynamic tiles.
+  for (int i = 0; i < persistent; ++i) {
+    configs.push_back(configs[size_t(i)]), configs.back().serpentine = true;
+    if (configs[size_t(i)].bn % 128 == 0) configs.push_back(configs.back()), configs.back().cluster = 2;
+  }
+  configs.push_back(configs.front()), configs.back().serpentine = true, configs.back().cluster = 2, configs.back().group = 3;
+  configs.push_back(configs.back()), configs.back().dynamic = true;
   // K steps of 32 (64-byte swizzled K-major rows; not candidates yet), alone and in clusters.
   for (const GemmConfig& c : codegen::gemm_k32_configs()) configs.push_back(c), configs.push_back(c), configs.back().cluster = 2;
   // On 132 SMs, 128 x 256 tiles: M = 1096, N = 3896 gives 9 x 16 = 144 tiles; with a split

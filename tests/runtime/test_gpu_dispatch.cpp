@@ -869,6 +869,10 @@ TEST_CASE("GPU dispatch: with a split tail (kiln::gemm_split_tail) the GEMMs who
     CHECK(L.grid.x == 132);
     codegen::GemmConfig whole = v.gemm;
     whole.split_tail = false;
+    // A split tail walks its units in its own order: no serpentine (the whole tiles' default).
+    CHECK(!whole.serpentine);
+    CHECK(off.vars[k].gemm.serpentine);
+    whole.serpentine = true;
     CHECK(whole == off.vars[k].gemm);
   }
   CHECK(split == 4);
@@ -902,6 +906,10 @@ TEST_CASE("GPU dispatch: with a split tail (kiln::gemm_split_tail) the GEMMs who
   const std::string dynamic = runtime::matmul_tune_key(g, kernels[k], cp->layouts[k], q, "", "sm_90").text();
   CHECK(dynamic != plain);
   CHECK(dynamic != tail);
+  // And with serpentine walks (kiln::gemm_serpentine).
+  q.dynamic_tiles = false, q.serpentine = true;
+  const std::string serpentine = runtime::matmul_tune_key(g, kernels[k], cp->layouts[k], q, "", "sm_90").text();
+  for (const std::string& other : {plain, tail, dynamic}) CHECK(serpentine != other);
 }
 
 TEST_CASE("GPU dispatch: a training step's large independent kernels overlap on two streams and in a graph, each after all it reads") {

@@ -99,6 +99,11 @@ struct GemmConfig {
   // that one that starts late, its SM still busy with another kernel, takes fewer
   // (kiln::gemm_dynamic_tiles; device/gemm_wgmma.cuh's kiln_tile_fetch).
   bool dynamic = false;
+  // wgmma, persistent, no split tail: each block's odd-numbered tiles (its tile blockIdx.x +
+  // i * gridDim.x for odd i: the grid's odd waves) walk K from its end, and odd raster groups
+  // walk their columns from the right, so that a wave starts on the A or B panels, and at the
+  // K offsets, that the wave before it left in L2 (kiln::gemm_serpentine).
+  bool serpentine = false;
 
   int threads() const {
     if (kind == GemmKind::wgmma) return (bm / wm + 1) * 128;
@@ -109,7 +114,7 @@ struct GemmConfig {
     return std::string(names[int(kind)]) + "_" + std::to_string(bm) + "x" + std::to_string(bn) +
            "x" + std::to_string(bk) + "_" + std::to_string(wm) + "x" + std::to_string(wn) + "_s" + std::to_string(stages) +
            (persistent ? "_p" : "") + (split_epilogue ? "e" : "") + (split_tail ? "t" + (tail_parts ? std::to_string(tail_parts) : "") : "") +
-           (dynamic ? "d" : "") + (group != 8 ? "_g" + std::to_string(group) : "") +
+           (dynamic ? "d" : "") + (serpentine ? "z" : "") + (group != 8 ? "_g" + std::to_string(group) : "") +
            (cluster > 1 ? "_c" + std::to_string(cluster) : "") + (k_slices > 1 ? "_ks" + std::to_string(k_slices) : "") +
            (split_k > 1 ? "_sk" + std::to_string(split_k) : "");
   }
@@ -145,6 +150,8 @@ struct GemmProblem {
   bool split_tail = false;
   // A persistent config takes its tiles from the grid's counter (kiln::gemm_dynamic_tiles()).
   bool dynamic_tiles = false;
+  // A persistent config walks its odd waves' K and its odd groups' columns backwards (kiln::gemm_serpentine()).
+  bool serpentine = false;
 };
 
 inline bool gemm_has_mma(DType d, int arch, bool tf32 = false) {
@@ -212,6 +219,7 @@ inline bool gemm_fits(const GemmConfig& c, const GemmProblem& p) {
     return p.tma_ok && p.tensor_ok && gemm_has_wgmma(p.dtype, p.arch, p.tf32) &&
            (c.bk * o.elem_bytes == 128 || (c.bk == 32 && o.elem_bytes == 2)) && !(c.split_epilogue && p.dtype == DType::f32) &&
            (c.cluster == 1 || (c.persistent && c.bn % (64 * c.cluster) == 0)) && (!c.dynamic || (c.persistent && !c.split_tail)) &&
+           (!c.serpentine || (c.persistent && !c.split_tail)) &&
            gemm_shared_bytes(c, o) <= gemm_max_shared(p.arch);
   if (c.kind == GemmKind::mma)
     return p.tensor_ok && gemm_has_mma(p.dtype, p.arch, p.tf32) && gemm_shared_bytes(c, o) <= gemm_max_shared(p.arch);
@@ -353,7 +361,7 @@ inline walk::KilnWalk gemm_walk(const GemmConfig& c, int64_t m, int64_t n, int64
 // different K offsets reading A's and B's panels alone; docs/benchmarks.md, fourteenth session.)
 inline GemmConfig gemm_split(const GemmConfig& c, const GemmProblem& p) {
   GemmConfig t = c;
-  t.split_tail = true, t.dynamic = false;
+  t.split_tail = true, t.dynamic = false, t.serpentine = false;
   return p.split_tail && c.persistent && gemm_walk(t, p.m, p.n, p.k, p.batch, p.sm_count).parts > 1 ? t : c;
 }
 
@@ -365,6 +373,19 @@ inline GemmConfig gemm_dynamic(const GemmConfig& c, const GemmProblem& p) {
   GemmConfig t = c;
   t.dynamic = true;
   return p.dynamic_tiles && c.kind == GemmKind::wgmma && c.persistent && !c.split_tail ? t : c;
+}
+
+// A persistent config (no split tail) walking its odd waves' K steps and its odd raster groups'
+// columns backwards, where kiln::gemm_serpentine() asks for it (GemmConfig::serpentine; on by
+// default). NOTE: a wave of W4's GEMMs streams 34-136 MB of A's and B's panels through a 50 MB
+// L2; the wave after it shares half of them (A's rows in a group, B's columns across groups) and
+// now starts where the L2 still holds them. On an H100 (docs/benchmarks.md, forty-third session)
+// the six read 7-19% fewer bytes from DRAM (ncu: x @ W1 1156 -> 943 MB) and ran 0.2-0.7% faster
+// back to back at the power limit (20 of 24 pairs), W4's step 0.5% (9.964 -> 9.914 ms, three rounds).
+inline GemmConfig gemm_serpentine(const GemmConfig& c, const GemmProblem& p) {
+  GemmConfig t = c;
+  t.serpentine = true;
+  return p.serpentine && c.kind == GemmKind::wgmma && c.persistent && !c.split_tail ? t : c;
 }
 
 // A persistent config in clusters of two blocks, where one matrix (no batch) holds two full
@@ -392,7 +413,7 @@ inline std::vector<GemmConfig> gemm_tuning_candidates(const GemmProblem& p) {
   bool hopper = std::any_of(all.begin(), all.end(), [&](const GemmConfig& c) { return c.kind == GemmKind::wgmma && gemm_fits(c, p); });
   for (const GemmConfig& c : all)
     if (gemm_fits(c, p) && !(hopper && c.kind == GemmKind::mma) && (p.heavy_epilogue || !c.split_epilogue))
-      for (const GemmConfig& whole = gemm_dynamic(gemm_clustered(c, p), p); const GemmConfig& t : {whole, gemm_split(whole, p)})  // split: beside
+      for (const GemmConfig& whole = gemm_serpentine(gemm_dynamic(gemm_clustered(c, p), p), p); const GemmConfig& t : {whole, gemm_split(whole, p)})  // split: beside
         if (std::find(out.begin(), out.end(), t) == out.end()) out.push_back(t);                                 // the whole tiles'
   if (GemmConfig h = gemm_heuristic(p); std::find(out.begin(), out.end(), h) == out.end()) out.push_back(h);
   return out;
@@ -459,7 +480,7 @@ inline GemmConfig gemm_heuristic(const GemmProblem& p) {
     return c;
   };
   for (const GemmConfig& c : ladder)
-    if (gemm_tiles(c, p) * 10 >= p.sm_count * 9) return gemm_dynamic(gemm_split(gemm_clustered(with_epilogue_wg(c), p), p), p);
+    if (gemm_tiles(c, p) * 10 >= p.sm_count * 9) return gemm_serpentine(gemm_dynamic(gemm_split(gemm_clustered(with_epilogue_wg(c), p), p), p), p);
   return ladder.back();
 }
 
@@ -576,12 +597,14 @@ class GemmWriter {
   // share A row panels (`group` tiles tall) so that they meet in L2. In clusters of blocks
   // (`cluster` > 1) `pid` numbers the cluster's tiles, `cluster` tiles tall; block kiln_crank
   // of the cluster takes the kiln_crank-th of them.
-  static std::string tile_origin(const std::string& pid, const std::string& ind, int group, int cluster = 1) {
+  // `serpentine`: odd groups take their columns from the right (GemmConfig::serpentine).
+  static std::string tile_origin(const std::string& pid, const std::string& ind, int group, int cluster = 1, bool serpentine = false) {
     const std::string G = std::to_string(group), TM = cluster > 1 ? "(BM * " + std::to_string(cluster) + ")" : "BM";
     std::string s = ind + "{\n" + ind + "  const int64_t gm = (Mr + " + TM + " - 1) / " + TM + ", gn = (N + BN - 1) / BN, pid = " + pid + ";\n";
     s += ind + "  const int64_t first = pid / (" + G + " * gn) * " + G + ", rows = gm - first < " + G + " ? gm - first : " + G + ";\n";
-    s += ind + "  m0 = (first + (pid % (" + G + " * gn)) % rows) * " + TM + (cluster > 1 ? " + kiln_crank * BM" : "") + "; n0 = (pid % (" + G +
-         " * gn)) / rows * BN;\n";
+    s += ind + "  const int64_t col = (pid % (" + G + " * gn)) / rows;\n";
+    s += ind + "  m0 = (first + (pid % (" + G + " * gn)) % rows) * " + TM + (cluster > 1 ? " + kiln_crank * BM" : "") + "; n0 = " +
+         (serpentine ? "((pid / (" + G + " * gn)) % 2 ? gn - 1 - col : col)" : std::string("col")) + " * BN;\n";
     return s + ind + "}\n";
   }
   // One output element's store, skipped past M and N (`checked`), or unconditional (a

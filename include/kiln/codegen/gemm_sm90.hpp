@@ -33,6 +33,9 @@
 // tile from a counter of the kernel's own and passes it to the block's other warps (in a cluster,
 // rank 0's to every block's) through a ring in shared memory (device/gemm_wgmma.cuh's
 // kiln_tile_fetch), so that a block that starts late takes fewer tiles.
+// Serpentine (GemmConfig::serpentine, persistent, no split tail): the producer loads the block's
+// odd tiles' K steps from the last (the grid's odd waves), and odd raster groups take their
+// columns from the right, so that each wave starts on panels the one before left in L2.
 // Split tail (GemmConfig::split_tail, persistent): the block walks units of K steps (KilnWalk,
 // device/gemm_walk.h): whole tiles, then pieces of the last wave's tiles cut in K. A piece that
 // ends before K leaves its sums in its workspace slot (kiln_split_give); the tile's last piece
@@ -189,12 +192,12 @@ class WgmmaWriter {
                                            : fetch;
         return ind + "for (unsigned kiln_j = 0;; ++kiln_j) {\n" + ind + "  const int64_t tile = kiln_dyn ? (int64_t)" + next + " : " + block +
                " + (int64_t)kiln_j * (" + grid + ");\n" + ind + "  if (tile >= kiln_tiles) break;\n" + ind + "  int64_t m0, n0;\n" +
-               GemmWriter::tile_origin("tile", ind + "  ", c_.group, cl);
+               GemmWriter::tile_origin("tile", ind + "  ", c_.group, cl, c_.serpentine);
       }
       std::string t = !sk ? ind + "for (int64_t tile = " + block + "; tile < kiln_tiles; tile += " + grid + ") {\n"
                           : ind + "KilnWalk walk(" + walk_args + ");\n" + ind + "int kb, ke;\n" +
                                 ind + "for (int64_t tile; walk.step(tile, kb, ke);) {\n" + (whole_only ? ind + "  if (ke < KT) continue;\n" : "");
-      return t + ind + "  int64_t m0, n0;\n" + GemmWriter::tile_origin("tile", ind + "  ", c_.group, cl);
+      return t + ind + "  int64_t m0, n0;\n" + GemmWriter::tile_origin("tile", ind + "  ", c_.group, cl, c_.serpentine);
     };
     auto tiles_close = [&](const std::string& ind) { return persistent ? ind + "}\n" : std::string(); };
     // Registers: the producer gives its own up (setmaxnreg) for the consumers' accumulators and
@@ -203,7 +206,11 @@ class WgmmaWriter {
     // config, whose producer warpgroup also runs the epilogue, keeps 168 everywhere.
     s += std::string("  if (wg == 0) {\n") + (split ? "" : "    kiln_regs_dec<40>();\n") + "    if (threadIdx.x == 0) {\n      unsigned g = 0;\n" +
          tiles_open("      ", false, true);
-    s += "      for (int kt = " + KB + "; kt < " + KE + "; ++kt, ++g) {\n        const int s = g % STAGES, k0 = kt * BK;\n";
+    // Serpentine: the grid's odd waves (the block's odd tiles) load K from its end. Only the
+    // producer knows: the consumers add the stages in the order they arrive.
+    if (c_.serpentine) s += "        const bool kiln_rev = (tile / (" + grid + ")) % 2 != 0;\n";
+    s += "      for (int kt = " + KB + "; kt < " + KE + "; ++kt, ++g) {\n        const int s = g % STAGES, k0 = " +
+         (c_.serpentine ? "(kiln_rev ? KT - 1 - kt : kt)" : "kt") + " * BK;\n";
     s += "        if (g >= STAGES) kiln_mbar_wait(empty0 + 8 * s, (g / STAGES - 1) & 1);\n";
     s += "        const uint32_t full = full0 + 8 * s, a = sA + s * A_STAGE, b = sB + s * B_STAGE;\n";
     s += "        kiln_mbar_expect_tx(full, A_STAGE + B_STAGE);\n";
