@@ -381,7 +381,8 @@ inline GemmConfig gemm_dynamic(const GemmConfig& c, const GemmProblem& p) {
 // L2; the wave after it shares half of them (A's rows in a group, B's columns across groups) and
 // now starts where the L2 still holds them. On an H100 (docs/benchmarks.md, forty-third session)
 // the six read 7-19% fewer bytes from DRAM (ncu: x @ W1 1156 -> 943 MB) and ran 0.2-0.7% faster
-// back to back at the power limit (20 of 24 pairs), W4's step 0.5% (9.964 -> 9.914 ms, three rounds).
+// back to back at the power limit (20 of 24 pairs), W4's step 0.5% (9.964 -> 9.914 ms, three rounds);
+// on the H200 the step 0.5-0.7% (10.133-10.147 -> 10.074-10.082 ms).
 inline GemmConfig gemm_serpentine(const GemmConfig& c, const GemmProblem& p) {
   GemmConfig t = c;
   t.serpentine = true;

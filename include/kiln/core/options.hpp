@@ -69,8 +69,8 @@
 //                    wave begins on the A or B panels the wave before left in L2 (on by
 //                    default; KILN_GEMM_SERPENTINE=0). Decides the GEMMs' configs (and the tuning
 //                    database's key). NOTE: on an H100 W4's six GEMMs read 7-19% fewer bytes
-//                    from DRAM (ncu) and ran 0.4% faster back to back, the step 0.5%
-//                    (docs/benchmarks.md, forty-third session).
+//                    from DRAM (ncu) and ran 0.4% faster back to back, the step 0.5%; on
+//                    the H200 the step 0.5-0.7% (docs/benchmarks.md, forty-third session).
 #pragma once
 #include <atomic>
 #include <cstdint>
