@@ -512,7 +512,7 @@ static void gemm_benches() {
     };
     if (std::getenv("KILN_BENCH_GEMM_TAIL")) ab("whole tiles", "split tail", [](codegen::GemmConfig& c) { c.split_tail = c.persistent; });
     if (std::getenv("KILN_BENCH_GEMM_DYN"))
-      ab("fixed tiles", "dynamic tiles", [](codegen::GemmConfig& c) { c.dynamic = c.persistent && !c.split_tail; });
+      ab("fixed tiles", "dynamic tiles", [](codegen::GemmConfig& c) { c.dynamic = codegen::gemm_walks_whole_tiles(c); });
     if (std::getenv("KILN_BENCH_GEMM_SERP"))
       ab("as the heuristic", "straight walks", [](codegen::GemmConfig& c) { c.serpentine = false; });
     if (std::getenv("KILN_BENCH_GEMM_CLUSTER")) ab("as the heuristic", "one block each", [](codegen::GemmConfig& c) { c.cluster = 1; });

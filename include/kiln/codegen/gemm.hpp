@@ -206,6 +206,10 @@ inline size_t gemm_simt_shared_bytes(const GemmConfig& c, DType d) {
   return std::max(tiles, sums) * size_t(gemm_simt_acc_bytes(d));
 }
 
+// A persistent wgmma config whose blocks walk whole tiles (no split tail): the walks that dynamic
+// tiles and serpentine walks reorder (GemmConfig::dynamic, GemmConfig::serpentine).
+inline bool gemm_walks_whole_tiles(const GemmConfig& c) { return c.kind == GemmKind::wgmma && c.persistent && !c.split_tail; }
+
 // Whether a config can compute this problem.
 inline bool gemm_fits(const GemmConfig& c, const GemmProblem& p) {
   if ((c.k_slices > 1 || c.split_k > 1) && c.kind != GemmKind::simt) return false;
@@ -218,8 +222,7 @@ inline bool gemm_fits(const GemmConfig& c, const GemmProblem& p) {
   if (c.kind == GemmKind::wgmma)
     return p.tma_ok && p.tensor_ok && gemm_has_wgmma(p.dtype, p.arch, p.tf32) &&
            (c.bk * o.elem_bytes == 128 || (c.bk == 32 && o.elem_bytes == 2)) && !(c.split_epilogue && p.dtype == DType::f32) &&
-           (c.cluster == 1 || (c.persistent && c.bn % (64 * c.cluster) == 0)) && (!c.dynamic || (c.persistent && !c.split_tail)) &&
-           (!c.serpentine || (c.persistent && !c.split_tail)) &&
+           (c.cluster == 1 || (c.persistent && c.bn % (64 * c.cluster) == 0)) && (!(c.dynamic || c.serpentine) || gemm_walks_whole_tiles(c)) &&
            gemm_shared_bytes(c, o) <= gemm_max_shared(p.arch);
   if (c.kind == GemmKind::mma)
     return p.tensor_ok && gemm_has_mma(p.dtype, p.arch, p.tf32) && gemm_shared_bytes(c, o) <= gemm_max_shared(p.arch);
@@ -372,7 +375,7 @@ inline GemmConfig gemm_split(const GemmConfig& c, const GemmProblem& p) {
 inline GemmConfig gemm_dynamic(const GemmConfig& c, const GemmProblem& p) {
   GemmConfig t = c;
   t.dynamic = true;
-  return p.dynamic_tiles && c.kind == GemmKind::wgmma && c.persistent && !c.split_tail ? t : c;
+  return p.dynamic_tiles && gemm_walks_whole_tiles(c) ? t : c;
 }
 
 // A persistent config (no split tail) walking its odd waves' K steps and its odd raster groups'
@@ -386,7 +389,7 @@ inline GemmConfig gemm_dynamic(const GemmConfig& c, const GemmProblem& p) {
 inline GemmConfig gemm_serpentine(const GemmConfig& c, const GemmProblem& p) {
   GemmConfig t = c;
   t.serpentine = true;
-  return p.serpentine && c.kind == GemmKind::wgmma && c.persistent && !c.split_tail ? t : c;
+  return p.serpentine && gemm_walks_whole_tiles(c) ? t : c;
 }
 
 // A persistent config in clusters of two blocks, where one matrix (no batch) holds two full
