@@ -19,10 +19,12 @@ import statistics
 import sys
 
 
-def first(path, pred):
+def last(path, pred):
+    """The file's last record that pred takes: torch_anchor.py appends to a results.jsonl that is
+    already there (a directory left by an earlier call on the same machine)."""
     try:
         with open(path) as f:
-            return next((r for r in map(json.loads, filter(str.strip, f)) if pred(r)), None)
+            return next((r for r in reversed([json.loads(l) for l in f if l.strip()]) if pred(r)), None)
     except OSError:
         return None
 
@@ -42,8 +44,8 @@ def main():
     print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
     kiln_all, torch_all, kiln_loop, torch_loop, kiln_same, torch_same = [], [], [], [], [], []
     for i in range(0, len(paths), 2):
-        k = first(paths[i], lambda r: r.get("type") == "kiln" and r.get("name") == "W4 MLP step bf16")
-        t = first(paths[i + 1], lambda r: r.get("type") == "workload" and r.get("workload") == "W4")
+        k = last(paths[i], lambda r: r.get("type") == "kiln" and r.get("name") == "W4 MLP step bf16")
+        t = last(paths[i + 1], lambda r: r.get("type") == "workload" and r.get("workload") == "W4")
         tc = (t or {}).get("modes", {}).get(mode, {})
         if k is None or "ms" not in tc:
             print(f"| {i // 2 + 1} | {'-' if k is None else k['fused_ms']} | | | | {tc.get('skipped', tc.get('error', '-'))} | | | | |")
