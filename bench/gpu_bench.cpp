@@ -71,6 +71,13 @@ static double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// Python's statistics.median (an even count's two middle values averaged), for figures set beside
+// torch_anchor.py's.
+static double statistics_median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return (v[(v.size() - 1) / 2] + v[v.size() / 2]) / 2;
+}
+
 // Median device time (ms) of fn, L2 flushed before each call.
 static double time_ms(const std::function<void()>& fn, int reps = 30) {
   for (int i = 0; i < 3; ++i) fn();
@@ -128,8 +135,7 @@ static double anchor_ms(const std::function<void()>& fn) {
     }
     std::vector<double> ms;
     for (auto& e : t) ms.push_back(e->elapsed_ms());
-    std::sort(ms.begin(), ms.end());  // statistics.median's: an even count's two middle values averaged
-    best = std::min(best, (ms[(ms.size() - 1) / 2] + ms[ms.size() / 2]) / 2);
+    best = std::min(best, statistics_median(ms));
   }
   return best;
 }
