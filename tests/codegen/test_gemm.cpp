@@ -1430,40 +1430,63 @@ TEST_CASE_TEMPLATE("GPU GEMM epilogue in the Hopper kernel: interior tiles 4 col
   }
 }
 
-TEST_CASE("GPU GEMM: the persistent Hopper kernel over more tiles than SMs, each block several tiles, a split tail, clusters") {
-  if (kiln::default_device() == kiln::cpu() || cuda_arch() != 90) return;
-  KILN_TEST_RNG(rng);
-  int persistent = 0;
-  std::vector<GemmConfig> configs;
+namespace {
+// The persistent configs the test below forces, in four sets: four test cases, so that a sharded
+// run (scripts/gpu-check) spreads their NVRTC compiles (as one case, its shard alone outlasted a
+// 230 s device call in the forty-sixth session).
+enum class PersistentSet { walks, dynamic, serpentine, k32 };
+
+std::vector<GemmConfig> persistent_configs(PersistentSet set) {
+  std::vector<GemmConfig> base, configs;
   for (const GemmConfig& c : codegen::gemm_candidates(DType::bf16, 90))
-    if (c.persistent) configs.push_back(c), ++persistent;
-  CHECK(persistent == 4);  // two with a split epilogue
-  // Each also with a split tail, and in clusters of two blocks, also split; and raster groups
-  // of other heights: 3 (9 tile rows in three groups), 16 (one group, partial).
-  for (int i = 0; i < persistent; ++i) configs.push_back(configs[size_t(i)]), configs.back().split_tail = true;
-  for (int i = 0; i < persistent; ++i)
-    if (configs[size_t(i)].bn % 128 == 0) {
-      configs.push_back(configs[size_t(i)]), configs.back().cluster = 2;
-      configs.push_back(configs.back()), configs.back().split_tail = true;
+    if (c.persistent) base.push_back(c);
+  CHECK(base.size() == 4);  // two with a split epilogue
+  auto with = [&](GemmConfig c, auto&& tweak) { tweak(c), configs.push_back(c); };
+  switch (set) {
+  case PersistentSet::walks:
+    // Each alone and with a split tail, in clusters of two blocks where the tile splits, also
+    // with a split tail; and raster groups of other heights: 3 (9 tile rows in three groups),
+    // 16 (one group, partial).
+    configs = base;
+    for (const GemmConfig& c : base) with(c, [](GemmConfig& t) { t.split_tail = true; });
+    for (const GemmConfig& c : base)
+      if (c.bn % 128 == 0) {
+        with(c, [](GemmConfig& t) { t.cluster = 2; });
+        with(c, [](GemmConfig& t) { t.cluster = 2, t.split_tail = true; });
+      }
+    for (int g : {3, 16}) with(base.front(), [g](GemmConfig& t) { t.group = g; });
+    break;
+  case PersistentSet::dynamic:
+    // Dynamic tiles (from the grid's counter; run twice below: the last block leaves it at
+    // zero), each alone, and in clusters where the tile splits.
+    for (const GemmConfig& c : base) {
+      with(c, [](GemmConfig& t) { t.dynamic = true; });
+      if (c.bn % 128 == 0) with(c, [](GemmConfig& t) { t.dynamic = true, t.cluster = 2; });
     }
-  for (int g : {3, 16}) configs.push_back(configs.front()), configs.back().group = g;
-  // Dynamic tiles (from the grid's counter; run twice below: the last block leaves it at zero),
-  // each alone, and in clusters where the tile splits.
-  for (int i = 0; i < persistent; ++i) {
-    configs.push_back(configs[size_t(i)]), configs.back().dynamic = true;
-    if (configs[size_t(i)].bn % 128 == 0) configs.push_back(configs.back()), configs.back().cluster = 2;
+    break;
+  case PersistentSet::serpentine:
+    // Serpentine walks (the blocks' second tiles load K from its end; odd raster groups'
+    // columns from the right), each alone and in clusters where the tile splits; in clusters
+    // also with groups of 3 cluster rows (5 cluster rows: an odd group) and with dynamic tiles.
+    for (const GemmConfig& c : base) {
+      with(c, [](GemmConfig& t) { t.serpentine = true; });
+      if (c.bn % 128 == 0) with(c, [](GemmConfig& t) { t.serpentine = true, t.cluster = 2; });
+    }
+    with(base.front(), [](GemmConfig& t) { t.serpentine = true, t.cluster = 2, t.group = 3; });
+    with(configs.back(), [](GemmConfig& t) { t.dynamic = true; });
+    break;
+  case PersistentSet::k32:
+    // K steps of 32 (64-byte swizzled K-major rows; not candidates yet), alone and in clusters.
+    for (const GemmConfig& c : codegen::gemm_k32_configs()) {
+      configs.push_back(c);
+      with(c, [](GemmConfig& t) { t.cluster = 2; });
+    }
+    break;
   }
-  // Serpentine walks (the blocks' second tiles load K from its end; odd raster groups' columns
-  // from the right), each alone and in clusters where the tile splits; in clusters also with
-  // groups of 3 cluster rows (5 cluster rows: an odd group) and with dynamic tiles.
-  for (int i = 0; i < persistent; ++i) {
-    configs.push_back(configs[size_t(i)]), configs.back().serpentine = true;
-    if (configs[size_t(i)].bn % 128 == 0) configs.push_back(configs.back()), configs.back().cluster = 2;
-  }
-  configs.push_back(configs.front()), configs.back().serpentine = true, configs.back().cluster = 2, configs.back().group = 3;
-  configs.push_back(configs.back()), configs.back().dynamic = true;
-  // K steps of 32 (64-byte swizzled K-major rows; not candidates yet), alone and in clusters.
-  for (const GemmConfig& c : codegen::gemm_k32_configs()) configs.push_back(c), configs.push_back(c), configs.back().cluster = 2;
+  return configs;
+}
+
+void check_persistent(Rng& rng, const std::vector<GemmConfig>& configs) {
   // On 132 SMs, 128 x 256 tiles: M = 1096, N = 3896 gives 9 x 16 = 144 tiles; with a split
   // tail the 12 past the first wave are cut into 3 pieces each (K = 1032: 17 K steps, the last
   // partial; pieces of 5 or 6), in clusters of two (80 cluster tiles on 66 clusters) the 14 past
@@ -1528,6 +1551,31 @@ TEST_CASE("GPU GEMM: the persistent Hopper kernel over more tiles than SMs, each
       }
     }
   }
+}
+}  // namespace
+
+TEST_CASE("GPU GEMM: the persistent Hopper kernel over more tiles than SMs, each block several tiles, a split tail, clusters") {
+  if (kiln::default_device() == kiln::cpu() || cuda_arch() != 90) return;
+  KILN_TEST_RNG(rng);
+  check_persistent(rng, persistent_configs(PersistentSet::walks));
+}
+
+TEST_CASE("GPU GEMM: the persistent Hopper kernel over more tiles than SMs, dynamic tiles") {
+  if (kiln::default_device() == kiln::cpu() || cuda_arch() != 90) return;
+  KILN_TEST_RNG(rng);
+  check_persistent(rng, persistent_configs(PersistentSet::dynamic));
+}
+
+TEST_CASE("GPU GEMM: the persistent Hopper kernel over more tiles than SMs, serpentine walks") {
+  if (kiln::default_device() == kiln::cpu() || cuda_arch() != 90) return;
+  KILN_TEST_RNG(rng);
+  check_persistent(rng, persistent_configs(PersistentSet::serpentine));
+}
+
+TEST_CASE("GPU GEMM: the persistent Hopper kernel over more tiles than SMs, K steps of 32") {
+  if (kiln::default_device() == kiln::cpu() || cuda_arch() != 90) return;
+  KILN_TEST_RNG(rng);
+  check_persistent(rng, persistent_configs(PersistentSet::k32));
 }
 
 TEST_CASE_TEMPLATE("GPU GEMM: a sum over the rows of the matrix it stores (a bias's gradient) in the Hopper kernel, each config, against float64",
