@@ -1431,7 +1431,7 @@ TEST_CASE_TEMPLATE("GPU GEMM epilogue in the Hopper kernel: interior tiles 4 col
 }
 
 namespace {
-// The persistent configs the test below forces, in four sets: four test cases, so that a sharded
+// The persistent configs the four test cases below force, in four sets, so that a sharded
 // run (scripts/gpu-check) spreads their NVRTC compiles (as one case, its shard alone outlasted a
 // 230 s device call in the forty-sixth session).
 enum class PersistentSet { walks, dynamic, serpentine, k32 };
@@ -1486,7 +1486,11 @@ std::vector<GemmConfig> persistent_configs(PersistentSet set) {
   return configs;
 }
 
-void check_persistent(Rng& rng, const std::vector<GemmConfig>& configs) {
+// Runs a set's configs, forced, over two shapes of more tiles than SMs, against float64.
+void check_persistent(PersistentSet set) {
+  if (kiln::default_device() == kiln::cpu() || cuda_arch() != 90) return;
+  KILN_TEST_RNG(rng);
+  const std::vector<GemmConfig> configs = persistent_configs(set);
   // On 132 SMs, 128 x 256 tiles: M = 1096, N = 3896 gives 9 x 16 = 144 tiles; with a split
   // tail the 12 past the first wave are cut into 3 pieces each (K = 1032: 17 K steps, the last
   // partial; pieces of 5 or 6), in clusters of two (80 cluster tiles on 66 clusters) the 14 past
@@ -1555,27 +1559,19 @@ void check_persistent(Rng& rng, const std::vector<GemmConfig>& configs) {
 }  // namespace
 
 TEST_CASE("GPU GEMM: the persistent Hopper kernel over more tiles than SMs, each block several tiles, a split tail, clusters") {
-  if (kiln::default_device() == kiln::cpu() || cuda_arch() != 90) return;
-  KILN_TEST_RNG(rng);
-  check_persistent(rng, persistent_configs(PersistentSet::walks));
+  check_persistent(PersistentSet::walks);
 }
 
 TEST_CASE("GPU GEMM: the persistent Hopper kernel over more tiles than SMs, dynamic tiles") {
-  if (kiln::default_device() == kiln::cpu() || cuda_arch() != 90) return;
-  KILN_TEST_RNG(rng);
-  check_persistent(rng, persistent_configs(PersistentSet::dynamic));
+  check_persistent(PersistentSet::dynamic);
 }
 
 TEST_CASE("GPU GEMM: the persistent Hopper kernel over more tiles than SMs, serpentine walks") {
-  if (kiln::default_device() == kiln::cpu() || cuda_arch() != 90) return;
-  KILN_TEST_RNG(rng);
-  check_persistent(rng, persistent_configs(PersistentSet::serpentine));
+  check_persistent(PersistentSet::serpentine);
 }
 
 TEST_CASE("GPU GEMM: the persistent Hopper kernel over more tiles than SMs, K steps of 32") {
-  if (kiln::default_device() == kiln::cpu() || cuda_arch() != 90) return;
-  KILN_TEST_RNG(rng);
-  check_persistent(rng, persistent_configs(PersistentSet::k32));
+  check_persistent(PersistentSet::k32);
 }
 
 TEST_CASE_TEMPLATE("GPU GEMM: a sum over the rows of the matrix it stores (a bias's gradient) in the Hopper kernel, each config, against float64",
