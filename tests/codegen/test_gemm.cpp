@@ -77,6 +77,10 @@ GemmProblem problem(int64_t m, int64_t n, int64_t k, DType d, bool ok, int arch,
   return p;
 }
 
+// Whether a persistent config's tile splits over a cluster of two blocks (each brings half of
+// B's columns, 64 at a time): the configs the tests also run in clusters.
+bool splits_in_two(const GemmConfig& c) { return c.bn % 128 == 0; }
+
 }  // namespace
 
 TEST_CASE("gemm config choice: tensor cores only where dtype, architecture and layout allow; forced configs obey") {
@@ -664,13 +668,13 @@ TEST_CASE("the persistent Hopper kernel: a block per SM walks the tiles; it comp
     c.split_tail = false, c.dynamic = true;
     persistent.push_back(c);
     c.dynamic = false, c.cluster = 2;
-    if (c.bn % 128 == 0) persistent.push_back(c), c.split_tail = true, persistent.push_back(c);
+    if (splits_in_two(c)) persistent.push_back(c), c.split_tail = true, persistent.push_back(c);
     c.split_tail = false, c.dynamic = true;
-    if (c.bn % 128 == 0) persistent.push_back(c);
+    if (splits_in_two(c)) persistent.push_back(c);
     c.serpentine = true;  // serpentine walks: with dynamic tiles in clusters, and plain alone and in clusters
-    if (c.bn % 128 == 0) persistent.push_back(c);
+    if (splits_in_two(c)) persistent.push_back(c);
     c.dynamic = false;
-    if (c.bn % 128 == 0) persistent.push_back(c);
+    if (splits_in_two(c)) persistent.push_back(c);
     c.cluster = 1;
     persistent.push_back(c);
   }
@@ -854,7 +858,7 @@ std::vector<GemmConfig> wgmma_configs_forced() {
   for (const GemmConfig& c : codegen::gemm_candidates(DType::bf16, 90))
     if (c.kind == GemmKind::wgmma) configs.push_back(c);
   for (const GemmConfig& c : std::vector(configs))
-    if (c.persistent && c.bn % 128 == 0) {
+    if (c.persistent && splits_in_two(c)) {
       configs.push_back(c), configs.back().cluster = 2;
       configs.push_back(c), configs.back().split_tail = true;
       configs.push_back(configs.back()), configs.back().cluster = 2;
@@ -1450,7 +1454,7 @@ std::vector<GemmConfig> persistent_configs(PersistentSet set) {
     configs = base;
     for (const GemmConfig& c : base) with(c, [](GemmConfig& t) { t.split_tail = true; });
     for (const GemmConfig& c : base)
-      if (c.bn % 128 == 0) {
+      if (splits_in_two(c)) {
         with(c, [](GemmConfig& t) { t.cluster = 2; });
         with(c, [](GemmConfig& t) { t.cluster = 2, t.split_tail = true; });
       }
@@ -1461,7 +1465,7 @@ std::vector<GemmConfig> persistent_configs(PersistentSet set) {
     // zero), each alone, and in clusters where the tile splits.
     for (const GemmConfig& c : base) {
       with(c, [](GemmConfig& t) { t.dynamic = true; });
-      if (c.bn % 128 == 0) with(c, [](GemmConfig& t) { t.dynamic = true, t.cluster = 2; });
+      if (splits_in_two(c)) with(c, [](GemmConfig& t) { t.dynamic = true, t.cluster = 2; });
     }
     break;
   case PersistentSet::serpentine:
@@ -1470,7 +1474,7 @@ std::vector<GemmConfig> persistent_configs(PersistentSet set) {
     // also with groups of 3 cluster rows (5 cluster rows: an odd group) and with dynamic tiles.
     for (const GemmConfig& c : base) {
       with(c, [](GemmConfig& t) { t.serpentine = true; });
-      if (c.bn % 128 == 0) with(c, [](GemmConfig& t) { t.serpentine = true, t.cluster = 2; });
+      if (splits_in_two(c)) with(c, [](GemmConfig& t) { t.serpentine = true, t.cluster = 2; });
     }
     with(base.front(), [](GemmConfig& t) { t.serpentine = true, t.cluster = 2, t.group = 3; });
     with(configs.back(), [](GemmConfig& t) { t.dynamic = true; });
