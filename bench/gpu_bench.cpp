@@ -16,7 +16,8 @@
 // KILN_BENCH_ONLY=small (or prologue, tf32) those rows alone, KILN_BENCH_GEMM_SMALL_SWEEP=1 each SIMT config forced.
 // KILN_BENCH_ONLY=energy: W4's GEMMs and step back to back, energy per call from NVML (torch_w4_gemms.py --energy).
 //   KILN_BENCH_ENERGY_SERP=1: each GEMM as the heuristic picks and with straight walks (no serpentine); KILN_BENCH_ENERGY_ONCE=1:
-//   each GEMM in each variant called twice, for a profiler.
+//   each GEMM in each variant called twice, for a profiler; KILN_BENCH_ENERGY_GROUPS=1,4,32: the variants are the
+//   heuristic's config and it in raster groups of these heights (e.g. for ncu's L2 request coalescer counters).
 // KILN_BENCH_ONLY=epilogue: x @ W1 alone, with a bias, two outputs, gelu, gelu and gelu', back to back.
 // KILN_BENCH_SPLIT_AB=1 (with KILN_BENCH_ONLY=w4): the W4 step with the split epilogue forced on its GEMMs with long epilogues.
 // KILN_BENCH_HEAVY_AB=1 (with KILN_BENCH_ONLY=w4): the W4 step with its two heavy-epilogue GEMMs in K steps of 32
@@ -65,6 +66,20 @@
 
 using namespace kiln;
 using Clock = std::chrono::steady_clock;
+
+// The positive integers of an environment variable's list, e.g. "8,16,32" (KILN_BENCH_GEMM_GROUPS).
+static std::vector<int> env_ints(const char* name) {
+  std::vector<int> out;
+  const char* c = std::getenv(name);
+  for (; c && *c;) {
+    char* end = nullptr;
+    long v = std::strtol(c, &end, 10);
+    if (end == c) break;
+    if (v > 0) out.push_back(int(v));
+    c = *end ? end + 1 : end;
+  }
+  return out;
+}
 
 static double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -605,13 +620,18 @@ static void gemm_energy_bench() {
   // gemm-256x128): none took less time than the heuristic's config on any of the six
   // (docs/benchmarks.md).
   // KILN_BENCH_ENERGY_SERP=1: the heuristic's config beside it with straight walks (no GemmConfig::serpentine).
-  const std::vector<std::pair<std::string, Tweak>> variants =
+  std::vector<std::pair<std::string, Tweak>> variants =
       std::getenv("KILN_BENCH_ENERGY_SERP")
           ? std::vector<std::pair<std::string, Tweak>>{{"as the heuristic", [](codegen::GemmConfig&) {}},
                                                        {"straight walks", [](codegen::GemmConfig& c) { c.serpentine = false; }}}
           : std::vector<std::pair<std::string, Tweak>>{{"as the heuristic", [](codegen::GemmConfig&) {}},
                                                        {"one block each", [](codegen::GemmConfig& c) { c.cluster = 1; }},
                                                        {"raster groups of 16", [](codegen::GemmConfig& c) { c.group = 16; }}};
+  // KILN_BENCH_ENERGY_GROUPS=1,4,32: the heuristic's config and it in raster groups of these heights.
+  if (std::vector<int> gs = env_ints("KILN_BENCH_ENERGY_GROUPS"); !gs.empty()) {
+    variants.resize(1);
+    for (int g : gs) variants.emplace_back("raster groups of " + std::to_string(g), [g](codegen::GemmConfig& c) { c.group = g; });
+  }
   const double flops = 2.0 * 8192 * 4096 * 16384;
   std::string picked;  // the config the chooser last gave
   auto choose = [&](const Tweak& tweak) {
@@ -719,28 +739,16 @@ static std::string w4_step_bench() {
       }
     codegen::gemm_chooser() = nullptr;
   };
-  if (const char* groups = std::getenv("KILN_BENCH_GEMM_GROUPS")) {  // raster groups of these heights, e.g. "8,16,32"
-    std::vector<int> gs;
+  if (std::vector<int> gs = env_ints("KILN_BENCH_GEMM_GROUPS"); !gs.empty()) {  // raster groups of these heights, e.g. "8,16,32"
     std::vector<std::string> labels;
-    for (const char* c = groups; *c;) {
-      char* end = nullptr;
-      long g = std::strtol(c, &end, 10);
-      if (end == c) break;
-      if (g > 0) gs.push_back(int(g)), labels.push_back("in raster groups of " + std::to_string(g));
-      c = *end ? end + 1 : end;
-    }
-    compare(labels, [&gs](codegen::GemmConfig& c, const codegen::GemmProblem&, size_t i) { c.group = gs[i]; });
+    for (int g : gs) labels.push_back("in raster groups of " + std::to_string(g));
+    compare(labels, [gs](codegen::GemmConfig& c, const codegen::GemmProblem&, size_t i) { c.group = gs[i]; });
   }
-  if (const char* list = std::getenv("KILN_BENCH_TAIL_PARTS")) {  // the GEMMs' last waves whole, and cut into these many pieces, e.g. "3,5,8"
+  if (std::getenv("KILN_BENCH_TAIL_PARTS")) {  // the GEMMs' last waves whole, and cut into these many pieces, e.g. "3,5,8"
     std::vector<int> ps = {0};
     std::vector<std::string> labels = {"in whole tiles"};
-    for (const char* c = list; *c;) {
-      char* end = nullptr;
-      long n = std::strtol(c, &end, 10);
-      if (end == c) break;
-      if (n > 1) ps.push_back(int(n)), labels.push_back("tail in " + std::to_string(n) + " pieces");
-      c = *end ? end + 1 : end;
-    }
+    for (int n : env_ints("KILN_BENCH_TAIL_PARTS"))
+      if (n > 1) ps.push_back(n), labels.push_back("tail in " + std::to_string(n) + " pieces");
     compare(labels, [&ps](codegen::GemmConfig& c, const codegen::GemmProblem&, size_t i) {
       c.split_tail = i > 0 && c.persistent, c.tail_parts = c.split_tail ? ps[i] : 0;
     });
