@@ -1221,19 +1221,32 @@ TEST_CASE_TEMPLATE("GPU GEMM: every candidate config, forced, against float64", 
   }
 }
 
-TEST_CASE("GPU GEMM in TF32 against float64: every case, the heuristic's config and each candidate forced") {
+namespace {
+
+// Each TF32 candidate forced over every case: mma.sync's (`tma` false), or on an sm_90 wgmma's,
+// which stage operands (`tma` true). Two test cases, so that the gpu suite's pool runs them side by side.
+void check_tf32_candidates(bool tma) {
+  AllowTf32 tf32;
+  GemmProblem any;
+  any.dtype = DType::f32, any.arch = cuda_arch(), any.tensor_ok = any.tf32 = true, any.tma_ok = tma;
+  for (const GemmConfig& c : codegen::gemm_tuning_candidates(any)) {
+    CAPTURE(c.str());
+    CHECK(run_cases<f32>(c) >= (cuda_sm80() ? 3 : 0));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("GPU GEMM in TF32 against float64: every case, the heuristic's config and each mma.sync candidate forced") {
   if (kiln::default_device() == kiln::cpu()) return;
   AllowTf32 tf32;
   run_cases<f32>(std::nullopt);
-  GemmProblem any;
-  any.dtype = DType::f32, any.arch = cuda_arch(), any.tensor_ok = any.tf32 = true;
-  for (bool tma : {false, true}) {  // mma.sync's candidates, then (on an sm_90) wgmma's, which stage operands
-    any.tma_ok = tma;
-    for (const GemmConfig& c : codegen::gemm_tuning_candidates(any)) {
-      CAPTURE(c.str());
-      CHECK(run_cases<f32>(c) >= (cuda_sm80() ? 3 : 0));
-    }
-  }
+  check_tf32_candidates(false);
+}
+
+TEST_CASE("GPU GEMM in TF32 against float64: every case, each candidate forced where operands may be staged (wgmma on an sm_90)") {
+  if (kiln::default_device() == kiln::cpu()) return;
+  check_tf32_candidates(true);
 }
 
 TEST_CASE("GPU GEMM in TF32 on an sm_90 (wgmma): staged and in-place operands, batches, epilogues, each tile shape, against float64") {
