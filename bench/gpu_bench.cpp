@@ -17,7 +17,10 @@
 // KILN_BENCH_ONLY=energy: W4's GEMMs and step back to back, energy per call from NVML (torch_w4_gemms.py --energy).
 //   KILN_BENCH_ENERGY_SERP=1: each GEMM as the heuristic picks and with straight walks (no serpentine); KILN_BENCH_ENERGY_ONCE=1:
 //   each GEMM in each variant called twice, for a profiler; KILN_BENCH_ENERGY_GROUPS=1,4,32: the variants are the
-//   heuristic's config and it in raster groups of these heights (e.g. for ncu's L2 request coalescer counters).
+//   heuristic's config and it in raster groups of these heights (e.g. for ncu's L2 request coalescer counters);
+//   KILN_BENCH_ENERGY_ACROSS=8,4: also (or, with GROUPS, besides those) in raster groups of these widths
+//   (GemmConfig::group_across).
+// KILN_BENCH_GEMM_ACROSS=8 (with KILN_BENCH_ONLY=w4): the W4 step with its GEMMs in raster groups 8 tall and 8 wide, alternated.
 // KILN_BENCH_ONLY=epilogue: x @ W1 alone, with a bias, two outputs, gelu, gelu and gelu', back to back.
 // KILN_BENCH_SPLIT_AB=1 (with KILN_BENCH_ONLY=w4): the W4 step with the split epilogue forced on its GEMMs with long epilogues.
 // KILN_BENCH_HEAVY_AB=1 (with KILN_BENCH_ONLY=w4): the W4 step with its two heavy-epilogue GEMMs in K steps of 32
@@ -632,6 +635,9 @@ static void gemm_energy_bench() {
     variants.resize(1);
     for (int g : gs) variants.emplace_back("raster groups of " + std::to_string(g), [g](codegen::GemmConfig& c) { c.group = g; });
   }
+  // KILN_BENCH_ENERGY_ACROSS=8,4: raster groups of these widths, walked along their rows.
+  for (int g : env_ints("KILN_BENCH_ENERGY_ACROSS"))
+    variants.emplace_back("raster groups " + std::to_string(g) + " wide", [g](codegen::GemmConfig& c) { c.group = g, c.group_across = true; });
   const double flops = 2.0 * 8192 * 4096 * 16384;
   std::string picked;  // the config the chooser last gave
   auto choose = [&](const Tweak& tweak) {
@@ -743,6 +749,11 @@ static std::string w4_step_bench() {
     std::vector<std::string> labels;
     for (int g : gs) labels.push_back("in raster groups of " + std::to_string(g));
     compare(labels, [gs](codegen::GemmConfig& c, const codegen::GemmProblem&, size_t i) { c.group = gs[i]; });
+  }
+  if (std::vector<int> gs = env_ints("KILN_BENCH_GEMM_ACROSS"); !gs.empty()) {  // raster groups this tall, then this wide
+    const int g = gs.front();
+    compare({"in raster groups " + std::to_string(g) + " tall", "in raster groups " + std::to_string(g) + " wide"},
+            [g](codegen::GemmConfig& c, const codegen::GemmProblem&, size_t i) { c.group = g, c.group_across = i == 1; });
   }
   if (std::getenv("KILN_BENCH_TAIL_PARTS")) {  // the GEMMs' last waves whole, and cut into these many pieces, e.g. "3,5,8"
     std::vector<int> ps = {0};

@@ -805,13 +805,18 @@ TEST_CASE("the persistent Hopper kernel: a block per SM walks the tiles; it comp
   for (const GemmConfig& t : codegen::gemm_tuning_candidates(asked)) CHECK(t.dynamic == (t.persistent && !t.split_tail));
   asked.split_tail = true;  // a split tail where one pays, whole tiles from the counter beside it
   for (const GemmConfig& t : codegen::gemm_tuning_candidates(asked)) CHECK(t.dynamic == (t.persistent && !t.split_tail));
-  {  // the switch: the problem the runtime sees
-    set_gemm_dynamic_tiles(true);
+  // A switch set `on` for one 2048 x 1024 x 4096 matmul (then back): the problem the runtime saw, and its program.
+  auto switched = [&](void (*set)(bool), bool on) {
+    set(on);
     GemmHook seen(std::nullopt);
     GpuProgram q = cuda_program(90, matmul(e(2048, 1024), e(1024, 4096)));
-    set_gemm_dynamic_tiles(false);
+    set(!on);
     REQUIRE(seen.seen.size() == 1);
-    CHECK(seen.seen[0].dynamic_tiles);
+    return std::pair{seen.seen[0], q};
+  };
+  {  // the switch: the problem the runtime sees
+    auto [seen, q] = switched(set_gemm_dynamic_tiles, true);
+    CHECK(seen.dynamic_tiles);
     CHECK(q.matmuls()[0].gemm.dynamic);
     CHECK(jit::cubin_sm(jit::nvrtc_compile(q.src, "kiln_gemm_dynamic", 9, 0, codegen::gpu_compile_options(q.vars))) == 90);
   }
@@ -832,14 +837,37 @@ TEST_CASE("the persistent Hopper kernel: a block per SM walks the tiles; it comp
   for (const GemmConfig& t : codegen::gemm_tuning_candidates(serp)) CHECK(t.serpentine == (t.persistent && !t.split_tail));
   for (const GemmConfig& t : codegen::gemm_tuning_candidates(straight)) CHECK(!t.serpentine);
   {  // the switch off: the problem the runtime sees, and its program
-    set_gemm_serpentine(false);
-    GemmHook seen(std::nullopt);
-    GpuProgram q = cuda_program(90, matmul(e(2048, 1024), e(1024, 4096)));
-    set_gemm_serpentine(true);
-    REQUIRE(seen.seen.size() == 1);
-    CHECK(!seen.seen[0].serpentine);
+    auto [seen, q] = switched(set_gemm_serpentine, false);
+    CHECK(!seen.serpentine);
     CHECK(!q.matmuls()[0].gemm.serpentine);
     CHECK(q.src.find("kiln_rev") == std::string::npos);
+  }
+  {  // Raster groups side by side (GemmConfig::group_across): named, its own program, and in
+     // clusters with serpentine walks each block's rows from its group's row (odd groups from the bottom).
+    GemmConfig wide = persistent.front();
+    wide.group_across = true, wide.cluster = 2, wide.serpentine = true;
+    CHECK(wide.str() == persistent.front().str() + "z_g8w_c2");
+    CHECK(codegen::gemm_fits(wide, prob));
+    GemmHook forced(wide);
+    GpuProgram q = cuda_program(90, matmul(e(2048, 1024), e(1024, 4096)));
+    REQUIRE(q.matmuls().size() == 1);
+    CHECK(q.matmuls()[0].gemm == wide);
+    CHECK(q.src.find("pid / (8 * gm) * 8, cols = gn - first < 8 ? gn - first : 8") != std::string::npos);
+    CHECK(q.src.find("m0 = ((pid / (8 * gm)) % 2 ? gm - 1 - row : row) * (BM * 2) + kiln_crank * BM") != std::string::npos);
+    std::vector<codegen::GpuVariant> tall = q.vars;
+    for (auto& v : tall) v.gemm.group_across = false;
+    CHECK(runtime::variant_key(q.vars) != runtime::variant_key(tall));
+    CHECK(jit::cubin_sm(jit::nvrtc_compile(q.src, "kiln_gemm_across", 9, 0, codegen::gpu_compile_options(q.vars))) == 90);
+  }
+  {  // kiln::gemm_group_across() (off by default): the problem the runtime sees, and the
+     // heuristic's and the tuner's persistent configs
+    CHECK(!prob.group_across);
+    CHECK(!codegen::gemm_heuristic(prob).group_across);
+    auto [seen, q] = switched(set_gemm_group_across, true);
+    CHECK(seen.group_across);
+    CHECK(q.matmuls()[0].gemm.group_across);
+    CHECK(q.matmuls()[0].gemm.persistent);
+    for (const GemmConfig& t : codegen::gemm_tuning_candidates(seen)) CHECK(t.group_across == t.persistent);
   }
 }
 
@@ -1472,6 +1500,9 @@ std::vector<GemmConfig> persistent_configs(PersistentSet set) {
         with(c, [](GemmConfig& t) { t.cluster = 2, t.split_tail = true; });
       }
     for (int g : {3, 16}) with(base.front(), [g](GemmConfig& t) { t.group = g; });
+    // and groups 3 tiles wide (GemmConfig::group_across), alone and in clusters
+    with(base.front(), [](GemmConfig& t) { t.group = 3, t.group_across = true; });
+    with(base.front(), [](GemmConfig& t) { t.group = 3, t.group_across = true, t.cluster = 2; });
     break;
   case PersistentSet::dynamic:
     // Dynamic tiles (from the grid's counter; run twice below: the last block leaves it at
@@ -1491,6 +1522,8 @@ std::vector<GemmConfig> persistent_configs(PersistentSet set) {
     }
     with(base.front(), [](GemmConfig& t) { t.serpentine = true, t.cluster = 2, t.group = 3; });
     with(configs.back(), [](GemmConfig& t) { t.dynamic = true; });
+    // groups 3 tiles wide in clusters (odd groups take their rows from the bottom)
+    with(base.front(), [](GemmConfig& t) { t.serpentine = true, t.cluster = 2, t.group = 3, t.group_across = true; });
     break;
   case PersistentSet::k32:
     // K steps of 32 (64-byte swizzled K-major rows; not candidates yet), alone and in clusters.

@@ -185,6 +185,13 @@ std::vector<Variant> simt_variants() {
     if (d == DType::f64) configs.push_back(codegen::gemm_sliced({GemmKind::simt, 32, 64, 16, 4, 4, 1}, 4));
     // K in ranges of blocks (split-K): alone, with slices, more ranges than K has steps
     for (auto [ks, sk] : {std::pair{1, 2}, {4, 3}, {1, 8}}) configs.push_back(codegen::gemm_sliced({GemmKind::simt, 32, 32, 16, 4, 4, 1}, ks, sk));
+    // raster groups 2 and 3 tiles wide, walked along their rows (GemmConfig::group_across),
+    // partial groups among them: every tile once
+    for (int g : {2, 3}) {
+      GemmConfig c{GemmKind::simt, 32, 32, 16, 4, 4, 1};
+      c.group = g, c.group_across = true;
+      configs.push_back(c);
+    }
     for (const GemmConfig& c : configs)
       for (int layout = 0; layout < 4; ++layout) vs.push_back({c, layout % 2 == 0, layout / 2 == 1, d, false});
   }

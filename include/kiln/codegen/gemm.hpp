@@ -78,6 +78,13 @@ struct GemmConfig {
   // NOTE: on an H200 W4's step took the same time at 16 as at 8, longer at 32 and 64
   // (KILN_BENCH_GEMM_GROUPS; docs/benchmarks.md, twelfth session).
   int group = 8;
+  // The raster groups side by side instead: `group` tiles wide, consecutive tiles walking along
+  // a row of the group before the next row, so that neighbours in launch order share A's row
+  // panel (in clusters, the operand each block loads itself) rather than B's. NOTE: for the L2
+  // request coalescer, which merges two SMs' reads of one sector only where they come in step:
+  // kiln's clusters got 6-18 M sectors a W4 GEMM merged so, cuBLAS's 50-56 M (docs/benchmarks.md,
+  // forty-seventh session). Where kiln::gemm_group_across() asks (off by default; gemm_across).
+  bool group_across = false;
   // wgmma, persistent: blocks work in clusters of this many (1 or 2) on tiles
   // one above the other, which share B's tile: each block's copy engine brings its half of
   // B's box into both blocks' shared memory (TMA multicast), so a 128x256 block reads 3/4 of
@@ -114,7 +121,7 @@ struct GemmConfig {
     return std::string(names[int(kind)]) + "_" + std::to_string(bm) + "x" + std::to_string(bn) +
            "x" + std::to_string(bk) + "_" + std::to_string(wm) + "x" + std::to_string(wn) + "_s" + std::to_string(stages) +
            (persistent ? "_p" : "") + (split_epilogue ? "e" : "") + (split_tail ? "t" + (tail_parts ? std::to_string(tail_parts) : "") : "") +
-           (dynamic ? "d" : "") + (serpentine ? "z" : "") + (group != 8 ? "_g" + std::to_string(group) : "") +
+           (dynamic ? "d" : "") + (serpentine ? "z" : "") + (group != 8 || group_across ? "_g" + std::to_string(group) + (group_across ? "w" : "") : "") +
            (cluster > 1 ? "_c" + std::to_string(cluster) : "") + (k_slices > 1 ? "_ks" + std::to_string(k_slices) : "") +
            (split_k > 1 ? "_sk" + std::to_string(split_k) : "");
   }
@@ -152,6 +159,8 @@ struct GemmProblem {
   bool dynamic_tiles = false;
   // A persistent config walks its odd waves' K and its odd groups' columns backwards (kiln::gemm_serpentine()).
   bool serpentine = false;
+  // A persistent config's raster groups lie side by side (kiln::gemm_group_across()).
+  bool group_across = false;
 };
 
 inline bool gemm_has_mma(DType d, int arch, bool tf32 = false) {
@@ -392,6 +401,14 @@ inline GemmConfig gemm_serpentine(const GemmConfig& c, const GemmProblem& p) {
   return p.serpentine && gemm_walks_whole_tiles(c) ? t : c;
 }
 
+// A persistent config's raster groups side by side (GemmConfig::group_across), where
+// kiln::gemm_group_across() asks for it (off by default; not yet timed).
+inline GemmConfig gemm_across(const GemmConfig& c, const GemmProblem& p) {
+  GemmConfig t = c;
+  t.group_across = true;
+  return p.group_across && c.persistent ? t : c;
+}
+
 // A persistent config in clusters of two blocks, where one matrix (no batch) holds two full
 // waves of tiles or more in 8 tile rows or more: a cluster takes two tiles one above the
 // other, so an odd last tile row leaves a block idle (at most 1 in rows + 1). NOTE: on an
@@ -417,8 +434,9 @@ inline std::vector<GemmConfig> gemm_tuning_candidates(const GemmProblem& p) {
   bool hopper = std::any_of(all.begin(), all.end(), [&](const GemmConfig& c) { return c.kind == GemmKind::wgmma && gemm_fits(c, p); });
   for (const GemmConfig& c : all)
     if (gemm_fits(c, p) && !(hopper && c.kind == GemmKind::mma) && (p.heavy_epilogue || !c.split_epilogue))
-      for (const GemmConfig& whole = gemm_serpentine(gemm_dynamic(gemm_clustered(c, p), p), p); const GemmConfig& t : {whole, gemm_split(whole, p)})  // split: beside
-        if (std::find(out.begin(), out.end(), t) == out.end()) out.push_back(t);                                 // the whole tiles'
+      for (const GemmConfig& whole = gemm_across(gemm_serpentine(gemm_dynamic(gemm_clustered(c, p), p), p), p);
+           const GemmConfig& t : {whole, gemm_split(whole, p)})  // split: beside the whole tiles'
+        if (std::find(out.begin(), out.end(), t) == out.end()) out.push_back(t);
   if (GemmConfig h = gemm_heuristic(p); std::find(out.begin(), out.end(), h) == out.end()) out.push_back(h);
   return out;
 }
@@ -484,7 +502,8 @@ inline GemmConfig gemm_heuristic(const GemmProblem& p) {
     return c;
   };
   for (const GemmConfig& c : ladder)
-    if (gemm_tiles(c, p) * 10 >= p.sm_count * 9) return gemm_serpentine(gemm_dynamic(gemm_split(gemm_clustered(with_epilogue_wg(c), p), p), p), p);
+    if (gemm_tiles(c, p) * 10 >= p.sm_count * 9)
+      return gemm_across(gemm_serpentine(gemm_dynamic(gemm_split(gemm_clustered(with_epilogue_wg(c), p), p), p), p), p);
   return ladder.back();
 }
 
@@ -595,19 +614,30 @@ class GemmWriter {
     s += "  constexpr int BM = " + std::to_string(c_.bm) + ", BN = " + std::to_string(c_.bn) + ", BK = " + std::to_string(c_.bk) +
          ", WM = " + std::to_string(c_.wm) + ", WN = " + std::to_string(c_.wn) + ", NT = " + std::to_string(c_.threads()) + ";\n";
     if (c_.persistent) return s;  // its tile loop places each tile (tile_origin)
-    return s + "  int64_t m0, n0;\n" + tile_origin("blockIdx.x", "  ", c_.group);
+    return s + "  int64_t m0, n0;\n" + tile_origin("blockIdx.x", "  ", c_.group, 1, false, c_.group_across);
   }
   // Sets m0, n0 to the origin of tile number `pid`, in a grouped raster: consecutive tiles
   // share A row panels (`group` tiles tall) so that they meet in L2. In clusters of blocks
   // (`cluster` > 1) `pid` numbers the cluster's tiles, `cluster` tiles tall; block kiln_crank
   // of the cluster takes the kiln_crank-th of them.
   // `serpentine`: odd groups take their columns from the right (GemmConfig::serpentine).
-  static std::string tile_origin(const std::string& pid, const std::string& ind, int group, int cluster = 1, bool serpentine = false) {
+  // `across` (GemmConfig::group_across): the groups are `group` tiles wide, walked along their
+  // rows; odd groups (serpentine) take their rows from the bottom.
+  static std::string tile_origin(const std::string& pid, const std::string& ind, int group, int cluster = 1, bool serpentine = false,
+                                 bool across = false) {
     const std::string G = std::to_string(group), TM = cluster > 1 ? "(BM * " + std::to_string(cluster) + ")" : "BM";
+    const std::string rank_rows = cluster > 1 ? " + kiln_crank * BM" : "";
     std::string s = ind + "{\n" + ind + "  const int64_t gm = (Mr + " + TM + " - 1) / " + TM + ", gn = (N + BN - 1) / BN, pid = " + pid + ";\n";
+    if (across) {
+      s += ind + "  const int64_t first = pid / (" + G + " * gm) * " + G + ", cols = gn - first < " + G + " ? gn - first : " + G + ";\n";
+      s += ind + "  const int64_t row = (pid % (" + G + " * gm)) / cols;\n";
+      s += ind + "  m0 = " + (serpentine ? "((pid / (" + G + " * gm)) % 2 ? gm - 1 - row : row)" : std::string("row")) + " * " + TM + rank_rows +
+           "; n0 = (first + (pid % (" + G + " * gm)) % cols) * BN;\n";
+      return s + ind + "}\n";
+    }
     s += ind + "  const int64_t first = pid / (" + G + " * gn) * " + G + ", rows = gm - first < " + G + " ? gm - first : " + G + ";\n";
     s += ind + "  const int64_t col = (pid % (" + G + " * gn)) / rows;\n";
-    s += ind + "  m0 = (first + (pid % (" + G + " * gn)) % rows) * " + TM + (cluster > 1 ? " + kiln_crank * BM" : "") + "; n0 = " +
+    s += ind + "  m0 = (first + (pid % (" + G + " * gn)) % rows) * " + TM + rank_rows + "; n0 = " +
          (serpentine ? "((pid / (" + G + " * gn)) % 2 ? gn - 1 - col : col)" : std::string("col")) + " * BN;\n";
     return s + ind + "}\n";
   }

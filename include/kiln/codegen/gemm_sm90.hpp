@@ -192,12 +192,12 @@ class WgmmaWriter {
                                            : fetch;
         return ind + "for (unsigned kiln_j = 0;; ++kiln_j) {\n" + ind + "  const int64_t tile = kiln_dyn ? (int64_t)" + next + " : " + block +
                " + (int64_t)kiln_j * (" + grid + ");\n" + ind + "  if (tile >= kiln_tiles) break;\n" + ind + "  int64_t m0, n0;\n" +
-               GemmWriter::tile_origin("tile", ind + "  ", c_.group, cl, c_.serpentine);
+               GemmWriter::tile_origin("tile", ind + "  ", c_.group, cl, c_.serpentine, c_.group_across);
       }
       std::string t = !sk ? ind + "for (int64_t tile = " + block + "; tile < kiln_tiles; tile += " + grid + ") {\n"
                           : ind + "KilnWalk walk(" + walk_args + ");\n" + ind + "int kb, ke;\n" +
                                 ind + "for (int64_t tile; walk.step(tile, kb, ke);) {\n" + (whole_only ? ind + "  if (ke < KT) continue;\n" : "");
-      return t + ind + "  int64_t m0, n0;\n" + GemmWriter::tile_origin("tile", ind + "  ", c_.group, cl, c_.serpentine);
+      return t + ind + "  int64_t m0, n0;\n" + GemmWriter::tile_origin("tile", ind + "  ", c_.group, cl, c_.serpentine, c_.group_across);
     };
     auto tiles_close = [&](const std::string& ind) { return persistent ? ind + "}\n" : std::string(); };
     // Registers: the producer gives its own up (setmaxnreg) for the consumers' accumulators and
@@ -314,11 +314,11 @@ class WgmmaWriter {
       s += "    const KilnWalk walk(" + walk_args + ");\n";
       s += "    const int64_t whole = KilnFromLane0{}(walk.whole);\n";
       s += "    for (int64_t tile = " + block + "; tile < whole; tile += " + grid + ") {\n      int64_t m0, n0;\n" +
-           GemmWriter::tile_origin("tile", "      ", c_.group, cl) + unit_body(false) + "    }\n";
+           GemmWriter::tile_origin("tile", "      ", c_.group, cl, false, c_.group_across) + unit_body(false) + "    }\n";
       s += "    for (int64_t unit = " + block + "; unit < walk.units(); unit += " + grid + ") {\n" +
            "      const int64_t tile = walk.unit_tile(unit), place = tile - walk.whole;\n" +
            "      const int kb = walk.begin(walk.unit_piece(unit)), ke = walk.begin(walk.unit_piece(unit) + 1);\n" +
-           "      int64_t m0, n0;\n" + GemmWriter::tile_origin("tile", "      ", c_.group, cl) + unit_body(true);
+           "      int64_t m0, n0;\n" + GemmWriter::tile_origin("tile", "      ", c_.group, cl, false, c_.group_across) + unit_body(true);
     } else {
       s += tiles_open("    ") + unit_body(false);
     }

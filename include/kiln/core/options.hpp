@@ -71,6 +71,13 @@
 //                    database's key). NOTE: on an H100 W4's six GEMMs read 7-19% fewer bytes
 //                    from DRAM (ncu) and ran 0.4% faster back to back, the step 0.5%; on
 //                    the H200 the step 0.5-0.7% (docs/benchmarks.md, forty-third session).
+//   gemm_group_across on a Hopper GPU, a persistent wgmma GEMM's raster groups lie side by side,
+//                    8 tiles wide, walked along their rows, so that clusters next to each other in
+//                    launch order share A's panel, the operand each block loads itself, and the L2's
+//                    request coalescer can merge their reads (off by default; KILN_GEMM_GROUP_ACROSS=1).
+//                    Decides the GEMMs' configs (and the tuning database's key). NOTE: not yet timed
+//                    (docs/benchmarks.md, forty-seventh session: cuBLAS's GEMM gets 50-56 M sectors
+//                    merged so, kiln's 6-18 M).
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -121,6 +128,10 @@ inline std::atomic<bool>& gemm_serpentine_flag() {
   static std::atomic<bool> on{env_switch("KILN_GEMM_SERPENTINE", true)};
   return on;
 }
+inline std::atomic<bool>& gemm_group_across_flag() {
+  static std::atomic<bool> on{env_switch("KILN_GEMM_GROUP_ACROSS", false)};
+  return on;
+}
 inline std::atomic<bool>& idle_fill_flag() {
   static std::atomic<bool> on{env_switch("KILN_IDLE_FILL", false)};
   return on;
@@ -150,6 +161,9 @@ inline void set_gemm_dynamic_tiles(bool on) { detail::gemm_dynamic_tiles_flag().
 
 inline bool gemm_serpentine() { return detail::gemm_serpentine_flag().load(std::memory_order_relaxed); }
 inline void set_gemm_serpentine(bool on) { detail::gemm_serpentine_flag().store(on, std::memory_order_relaxed); }
+
+inline bool gemm_group_across() { return detail::gemm_group_across_flag().load(std::memory_order_relaxed); }
+inline void set_gemm_group_across(bool on) { detail::gemm_group_across_flag().store(on, std::memory_order_relaxed); }
 
 inline bool programmatic_launch() { return detail::programmatic_launch_flag().load(std::memory_order_relaxed); }
 inline void set_programmatic_launch(bool on) { detail::programmatic_launch_flag().store(on, std::memory_order_relaxed); }

@@ -77,7 +77,7 @@ inline tune::Key matmul_tune_key(const ir::Graph& g, const sched::Kernel& k, con
                                  const std::string& library, const std::string& arch) {
   std::string layout = std::string(p.ops.a_k_major ? "ak" : "am") + (p.ops.b_k_major ? "bk" : "bn") +
                        (p.tensor_ok ? "" : "-unaligned") + (p.tma_ok || !p.tensor_ok ? "" : "-notma") + (p.tf32 ? "-tf32" : "") +
-                       (p.split_tail ? "-tail" : "") + (p.dynamic_tiles ? "-dyn" : "") + (p.serpentine ? "-serp" : "") + (library.empty() ? "" : "+" + library);
+                       (p.split_tail ? "-tail" : "") + (p.dynamic_tiles ? "-dyn" : "") + (p.serpentine ? "-serp" : "") + (p.group_across ? "-wide" : "") + (library.empty() ? "" : "+" + library);
   return {"matmul", tune::gemm_shape_class(p.batch, p.m, p.n, p.k), p.dtype, layout, arch, codegen::MatmulEpilogue(g, k, l).identity()};
 }
 
@@ -110,6 +110,7 @@ inline codegen::GemmProblem gemm_problem(const ir::Graph& g, const sched::Kernel
   p.split_tail = gemm_split_tail();
   p.dynamic_tiles = gemm_dynamic_tiles();
   p.serpentine = gemm_serpentine();
+  p.group_across = gemm_group_across();
   p.arch = arch, p.sm_count = std::max(sm_count, 1);
   // A [M, K]: K-major when K is contiguous (or M is 1); B [K, N]: K-major when K is contiguous and N is not.
   p.ops.a_k_major = a.stride(0, nd - 1) == 1 || p.k == 1 || (p.m != 1 && a.stride(0, nd - 2) != 1);
@@ -657,11 +658,11 @@ inline Hash128 variant_key(const std::vector<codegen::GpuVariant>& vars) {
   for (const codegen::GpuVariant& v : vars) {
     if (!v.strides.empty()) vh.add(v.strides.data(), v.strides.size());
     const codegen::GemmConfig& gc = v.gemm;
-    int32_t w[41] = {v.vec, v.group, v.persist, v.split, v.threads, int(gc.kind), gc.bm, gc.bn, gc.bk, gc.wm, gc.wn, gc.stages,
+    int32_t w[42] = {v.vec, v.group, v.persist, v.split, v.threads, int(gc.kind), gc.bm, gc.bn, gc.bk, gc.wm, gc.wn, gc.stages,
                      gc.persistent, gc.split_epilogue, v.gemm_ops.a_k_major, v.gemm_ops.b_k_major, v.cols, v.epilogue_vec, v.vec_rows,
                      v.resident, v.stream, v.exact, int32_t(v.whole), v.rank, v.outer_rank, gc.group, gc.split_tail, gc.cluster,
                      v.prologue, v.skip, gc.k_slices, gc.split_k, v.stage, v.colsum_slot, int32_t(v.colsum_dtype), int32_t(v.keep),
-                     v.colsum_of_b, gc.tail_parts, v.preload, gc.dynamic, gc.serpentine};
+                     v.colsum_of_b, gc.tail_parts, v.preload, gc.dynamic, gc.serpentine, gc.group_across};
     vh.add(w, sizeof w);
   }
   return vh.digest();
@@ -917,6 +918,7 @@ inline void variant_inputs(const std::vector<KernelArgs>& args, std::vector<int6
   out.push_back(gemm_split_tail());
   out.push_back(gemm_dynamic_tiles());
   out.push_back(gemm_serpentine());
+  out.push_back(gemm_group_across());
 }
 
 // What a device API policy derives from: the device kind it serves and the
