@@ -1476,9 +1476,9 @@ TEST_CASE_TEMPLATE("GPU GEMM epilogue in the Hopper kernel: interior tiles 4 col
 }
 
 namespace {
-// The persistent configs the four test cases below force, in four sets, so that a sharded
-// run (scripts/gpu-check) spreads their NVRTC compiles (as one case, its shard alone outlasted a
-// 230 s device call in the forty-sixth session).
+// The persistent configs the four test cases below force, in four sets, so that scripts/gpu-check's
+// pool runs their NVRTC compiles side by side (as one case, it alone outlasted a 230 s device
+// call in the forty-sixth session).
 enum class PersistentSet { walks, dynamic, serpentine, k32 };
 
 std::vector<GemmConfig> persistent_configs(PersistentSet set) {
