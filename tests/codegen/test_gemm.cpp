@@ -858,6 +858,21 @@ TEST_CASE("the persistent Hopper kernel: a block per SM walks the tiles; it comp
     for (auto& v : tall) v.gemm.group_across = false;
     CHECK(runtime::variant_key(q.vars) != runtime::variant_key(tall));
     CHECK(jit::cubin_sm(jit::nvrtc_compile(q.src, "kiln_gemm_across", 9, 0, codegen::gpu_compile_options(q.vars))) == 90);
+    // The other walks place their tiles so too: a split tail's whole tiles and pieces (in
+    // clusters), dynamic tiles.
+    GemmConfig split = persistent.front(), dyn = persistent.front();
+    split.group_across = true, split.cluster = 2, split.split_tail = true;
+    dyn.group_across = true, dyn.dynamic = true;
+    for (const GemmConfig& c : {split, dyn}) {
+      CAPTURE(c.str());
+      GemmHook other(c);
+      GpuProgram r = cuda_program(90, matmul(e(2048, 1024), e(1024, 4096)));
+      REQUIRE(r.matmuls().size() == 1);
+      CHECK(r.matmuls()[0].gemm == c);
+      CHECK(r.src.find("cols = gn - first < 8 ? gn - first : 8") != std::string::npos);
+      CHECK(r.src.find("pid / (8 * gn) * 8") == std::string::npos);  // no walk left tall
+      CHECK(jit::cubin_sm(jit::nvrtc_compile(r.src, "kiln_gemm_across", 9, 0, codegen::gpu_compile_options(r.vars))) == 90);
+    }
   }
   {  // kiln::gemm_group_across() (off by default): the problem the runtime sees, and the
      // heuristic's and the tuner's persistent configs
