@@ -19,8 +19,10 @@
 //   each GEMM in each variant called twice, for a profiler; KILN_BENCH_ENERGY_GROUPS=1,4,32: the variants are the
 //   heuristic's config and it in raster groups of these heights (e.g. for ncu's L2 request coalescer counters);
 //   KILN_BENCH_ENERGY_ACROSS=8,4: also (or, with GROUPS, besides those) in raster groups of these widths
-//   (GemmConfig::group_across).
+//   (GemmConfig::group_across); KILN_BENCH_ENERGY_SWAP=1: each GEMM a @ b as its transpose b.t() @ a.t(), so
+//   that a cluster shares a's panel (cuBLAS's 256x128 tiles in clusters of 1x2 in the GEMM's own terms).
 // KILN_BENCH_GEMM_ACROSS=8 (with KILN_BENCH_ONLY=w4): the W4 step with its GEMMs in raster groups 8 tall and 8 wide, alternated.
+// KILN_BENCH_ONLY=w4-flush: the W4 step's kernels' times after torch_anchor.py's flush and after another step.
 // KILN_BENCH_ONLY=epilogue: x @ W1 alone, with a bias, two outputs, gelu, gelu and gelu', back to back.
 // KILN_BENCH_SPLIT_AB=1 (with KILN_BENCH_ONLY=w4): the W4 step with the split epilogue forced on its GEMMs with long epilogues.
 // KILN_BENCH_HEAVY_AB=1 (with KILN_BENCH_ONLY=w4): the W4 step with its two heavy-epilogue GEMMs in K steps of 32
@@ -129,10 +131,13 @@ static double loop_ms(const std::function<void()>& fn, int n) {
 // stream, each after an L2 flush between its own events, the host never waiting between them;
 // the smaller of the two medians. Its flush is torch_anchor.py's: 256 MiB of zeros (cu::flush_l2
 // writes twice the L2, 120 MiB on an H200), so the device idles between the calls as long.
+static void anchor_flush() {
+  static const cu::DeviceBuffer flush_buffer(size_t(256) << 20, 0);
+  cu::fill_words(flush_buffer, 0);
+}
 static double anchor_ms(const std::function<void()>& fn) {
   auto stream = cu::cuda_device().stream();
-  static const cu::DeviceBuffer flush_buffer(size_t(256) << 20, 0);
-  auto flush = [] { cu::fill_words(flush_buffer, 0); };
+  auto flush = anchor_flush;
   double best = INFINITY;
   for (int round = 0; round < 2; ++round) {
     fn();
@@ -597,6 +602,19 @@ static std::vector<NamedCall> w4_gemms(const Tensor<bf16, 2>& x, const Tensor<bf
           {"x.t() @ h", [=] { Tensor<bf16, 2> o = matmul(x.transpose(0, 1), h); }}};
 }
 
+// The same six, each a @ b computed as its transpose b.t() @ a.t(): the same products and bytes, the
+// operands' roles (which one a cluster multicasts, which way a raster group runs) swapped.
+static std::vector<NamedCall> w4_gemms_swapped(const Tensor<bf16, 2>& x, const Tensor<bf16, 2>& W1, const Tensor<bf16, 2>& W2,
+                                               const Tensor<bf16, 2>& h, const Tensor<bf16, 2>& dy) {
+  auto t = [](const Tensor<bf16, 2>& a) { return a.transpose(0, 1); };
+  return {{"(x @ W1)^T", [=] { Tensor<bf16, 2> o = matmul(t(W1), t(x)); }},
+          {"(h @ W2)^T", [=] { Tensor<bf16, 2> o = matmul(t(W2), t(h)); }},
+          {"(dy @ W2.t())^T", [=] { Tensor<bf16, 2> o = matmul(W2, t(dy)); }},
+          {"(h.t() @ dy)^T", [=] { Tensor<bf16, 2> o = matmul(t(dy), h); }},
+          {"(h @ W1.t())^T", [=] { Tensor<bf16, 2> o = matmul(W1, t(h)); }},
+          {"(x.t() @ h)^T", [=] { Tensor<bf16, 2> o = matmul(t(h), x); }}};
+}
+
 // The step's expressions (w4::step's tuple) evaluated as one plan in mode m.
 template <class Exprs>
 static auto evaluate_step(Mode m, const Exprs& exprs) {
@@ -615,7 +633,7 @@ static void gemm_energy_bench() {
   auto r = [](int64_t m, int64_t n, uint64_t seed) { return cast<bf16>(randn<f32>(Shape<2>{m, n}, seed)); };
   Tensor<bf16, 2> x = r(8192, 4096, 50), W1 = r(4096, 16384, 51), W2 = r(16384, 4096, 52), h = r(8192, 16384, 53),
                   dy = r(8192, 4096, 54);
-  const auto gemms = w4_gemms(x, W1, W2, h, dy);
+  const auto gemms = std::getenv("KILN_BENCH_ENERGY_SWAP") ? w4_gemms_swapped(x, W1, W2, h, dy) : w4_gemms(x, W1, W2, h, dy);
   using Tweak = std::function<void(codegen::GemmConfig&)>;
   // NOTE: the twenty-third session's runs also timed raster groups of 4, 128x192 tiles, 128x128
   // tiles in 6 stages, the split epilogue in 3 stages, a block a tile, and 256x128 tiles (each
@@ -681,6 +699,41 @@ static void gemm_energy_bench() {
                 w.mhz);
     std::fflush(stdout);
   }
+}
+
+// KILN_BENCH_ONLY=w4-flush: where a W4 step after torch_anchor.py's 256 MiB flush spends its time
+// against one right after another step: each kernel's time (kiln::timeline: from its stream
+// reaching it to its end) in both, alternated ROUNDS times, medians. The timeline waits for each
+// step, so both follow a short idle gap; only the L2's contents differ.
+static void w4_flush_timeline_bench() {
+  auto p = w4::random_params<bf16>(w4::Sizes{8192, 4096, 16384}, 40, cuda(0));
+  auto st = w4::step(p);
+  for (int i = 0; i < 3; ++i) auto o = evaluate_step(Mode::fused, st);  // compiles, warms
+  const int rounds = 10;
+  std::vector<std::string> names;
+  std::vector<std::vector<double>> ms[2];  // [flushed][kernel][round]
+  std::vector<double> total[2];
+  for (int r = 0; r < rounds; ++r)
+    for (int flushed : {1, 0}) {
+      if (flushed) anchor_flush();
+      else auto o = evaluate_step(Mode::fused, st);
+      set_timeline(true);
+      auto o = evaluate_step(Mode::fused, st);
+      set_timeline(false);
+      const auto& t = timeline();
+      if (names.empty())
+        for (const TimelineEntry& e : t) names.push_back(e.kernel);
+      if (t.size() != names.size()) throw std::runtime_error("w4-flush: the step's kernels changed between calls");
+      ms[flushed].resize(t.size());
+      double end = 0;
+      for (size_t k = 0; k < t.size(); ++k) ms[flushed][k].push_back(t[k].end_ms - t[k].ready_ms), end = std::max(end, t[k].end_ms);
+      total[flushed].push_back(end);
+    }
+  for (size_t k = 0; k < names.size(); ++k)
+    std::printf("W4 flush timeline  flushed %7.3f ms  after a step %7.3f ms  %+6.3f  %s\n", median(ms[1][k]), median(ms[0][k]),
+                median(ms[1][k]) - median(ms[0][k]), names[k].c_str());
+  std::printf("W4 flush timeline  the step, flushed %7.3f ms, after a step %7.3f ms (medians of %d)\n", median(total[1]), median(total[0]), rounds);
+  std::fflush(stdout);
 }
 
 // ---- W4: the MLP training step (forward + backward), bf16; gives its JSON line ----
@@ -1062,6 +1115,7 @@ int main(int argc, char** argv) {
   if (!all && std::string(only) == "tf32") tf32_gemm_benches();     // KILN_BENCH_ONLY=tf32: the TF32 rows alone
   if (!all && std::string(only) == "energy") gemm_energy_bench();   // KILN_BENCH_ONLY=energy: W4's GEMMs, energy per call
   if (!all && std::string(only) == "epilogue") epilogue_cost_bench();  // KILN_BENCH_ONLY=epilogue: x @ W1's epilogue taken apart
+  if (!all && std::string(only) == "w4-flush") w4_flush_timeline_bench();  // KILN_BENCH_ONLY=w4-flush: the step's kernels after a flush
   // KILN_BENCH_ONLY=w4: the W4 training step alone.
   std::string w4_only = !all && std::string(only) == "w4" ? w4_step_bench() : "";
   // KILN_BENCH_ONLY=rows: the copy ceiling and the memory-bound rows (W1, W2, W3, W8, split rows, the W4
