@@ -83,7 +83,8 @@ struct GemmConfig {
   // panel (in clusters, the operand each block loads itself) rather than B's. NOTE: for the L2
   // request coalescer, which merges two SMs' reads of one sector only where they come in step:
   // kiln's clusters got 6-18 M sectors a W4 GEMM merged so, cuBLAS's 50-56 M (docs/benchmarks.md,
-  // forty-seventh session). Where kiln::gemm_group_across() asks (off by default; gemm_across).
+  // forty-seventh session); side by side, 3-6 M and no faster (forty-eighth). Where
+  // kiln::gemm_group_across() asks (off by default; gemm_across).
   bool group_across = false;
   // wgmma, persistent: blocks work in clusters of this many (1 or 2) on tiles
   // one above the other, which share B's tile: each block's copy engine brings its half of
@@ -402,7 +403,7 @@ inline GemmConfig gemm_serpentine(const GemmConfig& c, const GemmProblem& p) {
 }
 
 // A persistent config's raster groups side by side (GemmConfig::group_across), where
-// kiln::gemm_group_across() asks for it (off by default; not yet timed).
+// kiln::gemm_group_across() asks for it (off by default: no faster on W4, forty-eighth session).
 inline GemmConfig gemm_across(const GemmConfig& c, const GemmProblem& p) {
   GemmConfig t = c;
   t.group_across = true;

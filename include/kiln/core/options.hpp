@@ -75,9 +75,9 @@
 //                    8 tiles wide, walked along their rows, so that clusters next to each other in
 //                    launch order share A's panel, the operand each block loads itself, and the L2's
 //                    request coalescer can merge their reads (off by default; KILN_GEMM_GROUP_ACROSS=1).
-//                    Decides the GEMMs' configs (and the tuning database's key). NOTE: not yet timed
-//                    (docs/benchmarks.md, forty-seventh session: cuBLAS's GEMM gets 50-56 M sectors
-//                    merged so, kiln's 6-18 M).
+//                    Decides the GEMMs' configs (and the tuning database's key). NOTE: off because
+//                    it got fewer such merges (3-6 M sectors a W4 GEMM against 7-14 M; cuBLAS's
+//                    50-56 M) and W4's step ran no faster (docs/benchmarks.md, forty-eighth session).
 #pragma once
 #include <atomic>
 #include <cstdint>
