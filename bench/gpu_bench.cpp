@@ -22,7 +22,7 @@
 //   (GemmConfig::group_across); KILN_BENCH_ENERGY_SWAP=1: each GEMM a @ b as its transpose b.t() @ a.t(), so
 //   that a cluster shares a's panel (cuBLAS's 256x128 tiles in clusters of 1x2 in the GEMM's own terms).
 // KILN_BENCH_GEMM_ACROSS=8 (with KILN_BENCH_ONLY=w4): the W4 step with its GEMMs in raster groups 8 tall and 8 wide, alternated.
-// KILN_BENCH_ONLY=w4-flush: the W4 step's kernels' times after torch_anchor.py's flush and after another step.
+// KILN_BENCH_ONLY=w4-flush: the W4 step's kernels' times after torch_anchor.py's flush, after a pause alone and after another step.
 // KILN_BENCH_ONLY=epilogue: x @ W1 alone, with a bias, two outputs, gelu, gelu and gelu', back to back.
 // KILN_BENCH_SPLIT_AB=1 (with KILN_BENCH_ONLY=w4): the W4 step with the split epilogue forced on its GEMMs with long epilogues.
 // KILN_BENCH_HEAVY_AB=1 (with KILN_BENCH_ONLY=w4): the W4 step with its two heavy-epilogue GEMMs in K steps of 32
@@ -703,20 +703,23 @@ static void gemm_energy_bench() {
 
 // KILN_BENCH_ONLY=w4-flush: where a W4 step after torch_anchor.py's 256 MiB flush spends its time
 // against one right after another step: each kernel's time (kiln::timeline: from its stream
-// reaching it to its end) in both, alternated ROUNDS times, medians. The timeline waits for each
-// step, so both follow a short idle gap; only the L2's contents differ.
+// reaching it to its end) in three settings, alternated ten times, medians:
+//   flushed       the flush, queued once the timeline's wait for the step before has returned;
+//   idle          nothing between that wait and the step (the flush's pause without the flush);
+//   after a step  a step queued just before it, as back to back.
 static void w4_flush_timeline_bench() {
   auto p = w4::random_params<bf16>(w4::Sizes{8192, 4096, 16384}, 40, cuda(0));
   auto st = w4::step(p);
   for (int i = 0; i < 3; ++i) auto o = evaluate_step(Mode::fused, st);  // compiles, warms
+  enum { kFlushed, kIdle, kAfterStep, kSettings };
   const int rounds = 10;
   std::vector<std::string> names;
-  std::vector<std::vector<double>> ms[2];  // [flushed][kernel][round]
-  std::vector<double> total[2];
+  std::vector<std::vector<double>> ms[kSettings];  // [setting][kernel][round]
+  std::vector<double> total[kSettings];
   for (int r = 0; r < rounds; ++r)
-    for (int flushed : {1, 0}) {
-      if (flushed) anchor_flush();
-      else auto o = evaluate_step(Mode::fused, st);
+    for (int setting : {kFlushed, kIdle, kAfterStep}) {
+      if (setting == kFlushed) anchor_flush();
+      if (setting == kAfterStep) auto o = evaluate_step(Mode::fused, st);
       set_timeline(true);
       auto o = evaluate_step(Mode::fused, st);
       set_timeline(false);
@@ -724,15 +727,17 @@ static void w4_flush_timeline_bench() {
       if (names.empty())
         for (const TimelineEntry& e : t) names.push_back(e.kernel);
       if (t.size() != names.size()) throw std::runtime_error("w4-flush: the step's kernels changed between calls");
-      ms[flushed].resize(t.size());
+      ms[setting].resize(t.size());
       double end = 0;
-      for (size_t k = 0; k < t.size(); ++k) ms[flushed][k].push_back(t[k].end_ms - t[k].ready_ms), end = std::max(end, t[k].end_ms);
-      total[flushed].push_back(end);
+      for (size_t k = 0; k < t.size(); ++k) ms[setting][k].push_back(t[k].end_ms - t[k].ready_ms), end = std::max(end, t[k].end_ms);
+      total[setting].push_back(end);
     }
+  auto m = [&](int setting, size_t k) { return median(ms[setting][k]); };
   for (size_t k = 0; k < names.size(); ++k)
-    std::printf("W4 flush timeline  flushed %7.3f ms  after a step %7.3f ms  %+6.3f  %s\n", median(ms[1][k]), median(ms[0][k]),
-                median(ms[1][k]) - median(ms[0][k]), names[k].c_str());
-  std::printf("W4 flush timeline  the step, flushed %7.3f ms, after a step %7.3f ms (medians of %d)\n", median(total[1]), median(total[0]), rounds);
+    std::printf("W4 flush timeline  flushed %7.3f  idle %7.3f  after a step %7.3f ms  flushed - after %+6.3f  %s\n", m(kFlushed, k),
+                m(kIdle, k), m(kAfterStep, k), m(kFlushed, k) - m(kAfterStep, k), names[k].c_str());
+  std::printf("W4 flush timeline  the step: flushed %7.3f, idle %7.3f, after a step %7.3f ms (medians of %d)\n", median(total[kFlushed]),
+              median(total[kIdle]), median(total[kAfterStep]), rounds);
   std::fflush(stdout);
 }
 
