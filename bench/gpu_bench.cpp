@@ -713,7 +713,7 @@ static void w4_flush_timeline_bench() {
   for (int i = 0; i < 3; ++i) auto o = evaluate_step(Mode::fused, st);  // compiles, warms
   enum { kFlushed, kIdle, kAfterStep, kSettings };
   const int rounds = 10;
-  std::vector<std::string> names;
+  std::vector<std::string> names;  // stream and kernel
   std::vector<std::vector<double>> ms[kSettings];  // [setting][kernel][round]
   std::vector<double> total[kSettings];
   for (int r = 0; r < rounds; ++r)
@@ -725,7 +725,7 @@ static void w4_flush_timeline_bench() {
       set_timeline(false);
       const auto& t = timeline();
       if (names.empty())
-        for (const TimelineEntry& e : t) names.push_back(e.kernel);
+        for (const TimelineEntry& e : t) names.push_back("stream " + std::to_string(e.stream) + "  " + e.kernel);
       if (t.size() != names.size()) throw std::runtime_error("w4-flush: the step's kernels changed between calls");
       ms[setting].resize(t.size());
       double end = 0;
