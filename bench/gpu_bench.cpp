@@ -126,24 +126,24 @@ static double loop_ms(const std::function<void()>& fn, int n) {
   }
   return best;
 }
-// torch_anchor.py's own protocol (its bench()), for a ratio that compares like with like: twice,
-// about 40 ms of warm-up calls, then about 200 ms of calls queued back to back on the device's
-// stream, each after an L2 flush between its own events, the host never waiting between them;
-// the smaller of the two medians. Its flush is torch_anchor.py's: 256 MiB of zeros (cu::flush_l2
-// writes twice the L2, 120 MiB on an H200), so the device idles between the calls as long.
+// torch_anchor.py's L2 flush: 256 MiB of zeros (cu::flush_l2 writes twice the L2, 120 MiB on an
+// H200), so that the device idles between timed calls as long as torch_anchor.py's.
 static void anchor_flush() {
   static const cu::DeviceBuffer flush_buffer(size_t(256) << 20, 0);
   cu::fill_words(flush_buffer, 0);
 }
+// torch_anchor.py's own protocol (its bench()), for a ratio that compares like with like: twice,
+// about 40 ms of warm-up calls, then about 200 ms of calls queued back to back on the device's
+// stream, each after an L2 flush (anchor_flush) between its own events, the host never waiting
+// between them; the smaller of the two medians.
 static double anchor_ms(const std::function<void()>& fn) {
   auto stream = cu::cuda_device().stream();
-  auto flush = anchor_flush;
   double best = INFINITY;
   for (int round = 0; round < 2; ++round) {
     fn();
     cu::EventTimer probe;
     probe.start(stream);
-    for (int i = 0; i < 3; ++i) flush(), fn();
+    for (int i = 0; i < 3; ++i) anchor_flush(), fn();
     probe.stop(stream);
     double per = std::max(double(probe.elapsed_ms()) / 3, 1e-3);
     int warm = std::clamp(int(40 / per), 1, 200), reps = std::clamp(int(200 / per), 10, 400);
@@ -151,7 +151,7 @@ static double anchor_ms(const std::function<void()>& fn) {
     std::vector<std::unique_ptr<cu::EventTimer>> t;
     for (int i = 0; i < reps; ++i) t.push_back(std::make_unique<cu::EventTimer>());
     for (auto& e : t) {
-      flush();
+      anchor_flush();
       e->start(stream);
       fn();
       e->stop(stream);

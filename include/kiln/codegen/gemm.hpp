@@ -623,23 +623,22 @@ class GemmWriter {
   // of the cluster takes the kiln_crank-th of them.
   // `serpentine`: odd groups take their columns from the right (GemmConfig::serpentine).
   // `across` (GemmConfig::group_across): the groups are `group` tiles wide, walked along their
-  // rows; odd groups (serpentine) take their rows from the bottom.
+  // rows; odd groups (serpentine) take their rows from the bottom. One walk serves both: a group
+  // spans `group` tiles of one dim (rows; across, columns) and walks the other.
   static std::string tile_origin(const std::string& pid, const std::string& ind, int group, int cluster = 1, bool serpentine = false,
                                  bool across = false) {
     const std::string G = std::to_string(group), TM = cluster > 1 ? "(BM * " + std::to_string(cluster) + ")" : "BM";
-    const std::string rank_rows = cluster > 1 ? " + kiln_crank * BM" : "";
+    // The spanned dim's tile count and the group's width in it; the walked dim's tile count and index.
+    const std::string span = across ? "gn" : "gm", width = across ? "cols" : "rows", walk = across ? "gm" : "gn", at = across ? "row" : "col";
+    const std::string per_group = "(" + G + " * " + walk + ")";
     std::string s = ind + "{\n" + ind + "  const int64_t gm = (Mr + " + TM + " - 1) / " + TM + ", gn = (N + BN - 1) / BN, pid = " + pid + ";\n";
-    if (across) {
-      s += ind + "  const int64_t first = pid / (" + G + " * gm) * " + G + ", cols = gn - first < " + G + " ? gn - first : " + G + ";\n";
-      s += ind + "  const int64_t row = (pid % (" + G + " * gm)) / cols;\n";
-      s += ind + "  m0 = " + (serpentine ? "((pid / (" + G + " * gm)) % 2 ? gm - 1 - row : row)" : std::string("row")) + " * " + TM + rank_rows +
-           "; n0 = (first + (pid % (" + G + " * gm)) % cols) * BN;\n";
-      return s + ind + "}\n";
-    }
-    s += ind + "  const int64_t first = pid / (" + G + " * gn) * " + G + ", rows = gm - first < " + G + " ? gm - first : " + G + ";\n";
-    s += ind + "  const int64_t col = (pid % (" + G + " * gn)) / rows;\n";
-    s += ind + "  m0 = (first + (pid % (" + G + " * gn)) % rows) * " + TM + rank_rows + "; n0 = " +
-         (serpentine ? "((pid / (" + G + " * gn)) % 2 ? gn - 1 - col : col)" : std::string("col")) + " * BN;\n";
+    s += ind + "  const int64_t first = pid / " + per_group + " * " + G + ", " + width + " = " + span + " - first < " + G + " ? " + span +
+         " - first : " + G + ";\n";
+    s += ind + "  const int64_t " + at + " = (pid % " + per_group + ") / " + width + ";\n";
+    const std::string within = "(first + (pid % " + per_group + ") % " + width + ")",
+                      along = serpentine ? "((pid / " + per_group + ") % 2 ? " + walk + " - 1 - " + at + " : " + at + ")" : at;
+    s += ind + "  m0 = " + (across ? along : within) + " * " + TM + (cluster > 1 ? " + kiln_crank * BM" : "") + "; n0 = " +
+         (across ? within : along) + " * BN;\n";
     return s + ind + "}\n";
   }
   // One output element's store, skipped past M and N (`checked`), or unconditional (a
