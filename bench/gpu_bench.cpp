@@ -134,11 +134,11 @@ static double loop_ms(const std::function<void()>& fn, int n) {
 // KILN_BENCH_FLUSH=memset: cuMemsetD32Async instead (the bench before the forty-ninth session).
 static void anchor_flush() {
   static const cu::DeviceBuffer flush_buffer(size_t(256) << 20, 0);
-  static const bool memset = [] {
+  static const bool by_memset = [] {
     const char* v = std::getenv("KILN_BENCH_FLUSH");
     return v && std::string(v) == "memset";
   }();
-  if (memset) return cu::fill_words(flush_buffer, 0);
+  if (by_memset) return cu::fill_words(flush_buffer, 0);
   static cu::CudaFunction fill = cu::load_cuda_module(
                                      "struct alignas(16) Words { unsigned w[4]; };\n"
                                      "extern \"C\" __global__ void zero_words(Words* p, unsigned long long n) {\n"
@@ -149,7 +149,7 @@ static void anchor_flush() {
   auto p = flush_buffer.ptr();  // CUdeviceptr
   unsigned long long n = flush_buffer.size() / 16;
   void* params[] = {&p, &n};
-  fill.launch({unsigned(n / 256), 1, 1}, {256, 1, 1}, 0, params, "anchor flush", cu::cuda_device().stream());
+  fill.launch({unsigned((n + 255) / 256), 1, 1}, {256, 1, 1}, 0, params, "anchor flush", cu::cuda_device().stream());
 }
 // torch_anchor.py's own protocol (its bench()), for a ratio that compares like with like: twice,
 // about 40 ms of warm-up calls, then about 200 ms of calls queued back to back on the device's
