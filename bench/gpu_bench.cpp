@@ -58,6 +58,7 @@
 #include "w4.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -218,6 +219,40 @@ struct Nvml {
     return temperature_c && temperature_c(dev, 0, &t) == 0 ? t : 0;  // NVML_TEMPERATURE_GPU; 0: unknown
   }
 };
+// The SM clock while the device runs work queued from this thread: NVML read every 2 ms from a
+// thread of its own, from construction to median_mhz(). To tell, where W4's step times apart as
+// torch_anchor.py times it and back to back, whether the clock the power limit holds differs (on
+// the H200 kiln's flushed step ran 1% longer than back to back, on H100s 1% shorter:
+// docs/benchmarks.md, forty-ninth session). 0 where NVML is missing.
+class ClockSampler {
+ public:
+  explicit ClockSampler(const Nvml& nv) : nv_(nv) {
+    if (nv_.ok())
+      thread_ = std::thread([this] {
+        while (!stop_.load(std::memory_order_relaxed)) {
+          if (unsigned m = nv_.sm_mhz()) mhz_.push_back(double(m));
+          std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        }
+      });
+  }
+  ~ClockSampler() { finish(); }
+  // The median of the samples so far; stops sampling.
+  double median_mhz() {
+    finish();
+    return mhz_.empty() ? 0 : median(mhz_);
+  }
+
+ private:
+  void finish() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  const Nvml& nv_;
+  std::atomic<bool> stop_{false};
+  std::vector<double> mhz_;
+  std::thread thread_;
+};
+
 // fn back to back: about `warm` seconds to let the clock settle where the power limit holds it,
 // then about `secs` seconds between two events with the energy counter read on either side.
 struct EnergyRun {
@@ -792,7 +827,13 @@ static std::string w4_step_bench() {
   // figure, timed last then, 9.42-9.92, against torch.compile's first 9.28-9.78.
   const Nvml nv;
   const unsigned anchor_celsius = nv.ok() ? nv.gpu_celsius() : 0;
-  const double fused_anchor = anchor_ms(fused_step), fused_loop = loop_ms(fused_step, 15);
+  anchor_flush(), cu::cuda_device().synchronize();  // the flush's kernel loaded before the clock is sampled
+  ClockSampler anchor_clock(nv);
+  const double fused_anchor = anchor_ms(fused_step);
+  const double anchor_mhz = anchor_clock.median_mhz();
+  ClockSampler loop_clock(nv);
+  const double fused_loop = loop_ms(fused_step, 15);
+  const double loop_mhz = loop_clock.median_mhz();
   double fused = time_ms(fused_step, 10);
   double eager = time_ms([&] { auto o = evaluate_step(Mode::eager, st); }, 5);
   size_t kernels = std::apply([](const auto&... x) { return kernel_count(Mode::fused, x...); }, st);
@@ -1032,8 +1073,8 @@ static std::string w4_step_bench() {
   std::printf("W4 MLP step bf16           fused %8.3f ms  eager %8.3f ms  %6.1f TFLOP/s (eager %.1f)  eager/fused %5.2fx  kernels %zu"
               "  (rounds' medians:", fused, eager, s.flops() / fused / 1e9, s.flops() / eager / 1e9, eager / fused, kernels);
   for (double r : fused_r) std::printf(" %.3f", r);
-  std::printf(" ms; back to back %.3f ms; as torch_anchor.py times, %.3f ms, first, the GPU at %u C)\n", fused_loop, fused_anchor,
-              anchor_celsius);
+  std::printf(" ms; back to back %.3f ms (SM clock %.0f MHz); as torch_anchor.py times, %.3f ms (%.0f MHz), first, the GPU at %u C)\n",
+              fused_loop, loop_mhz, fused_anchor, anchor_mhz, anchor_celsius);
   std::printf("  vs float64 (rel. Frobenius error): loss %.1e  dx %.1e  dW1 %.1e  db1 %.1e  dW2 %.1e  db2 %.1e; "
               "f64 reference vs host loops on %zu rows of dx: %.1e (bf16 step: %.1e)\n",
               e_loss, e[0], e[1], e[2], e[3], e[4], sample.size(), e_host64, e_hostbf);
@@ -1043,9 +1084,9 @@ static std::string w4_step_bench() {
                 "\"rel_err\":%.3g,\"rel_err_loss\":%.3g,\"rel_err_grads\":{\"x\":%.3g,\"W1\":%.3g,\"b1\":%.3g,\"W2\":%.3g,"
                 "\"b2\":%.3g},\"ref64_vs_host_rows\":%.3g,\"kernels\":%zu,\"max_autotune_ms\":%.6g,\"max_autotune_cold_s\":%.4g,"
                 "\"fused_min_ms\":%.6g,\"fused_loop_ms\":%.6g,\"fused_anchor_ms\":%.6g,\"fused_beside_max_autotune_ms\":%.6g,"
-                "\"anchor_celsius\":%u}\n",
+                "\"anchor_celsius\":%u,\"anchor_mhz\":%.0f,\"loop_mhz\":%.0f}\n",
                 fused, eager, s.flops(), worst, e_loss, e[0], e[1], e[2], e[3], e[4], e_host64, kernels, tuned, tune_s, fused_min, fused_loop,
-                fused_anchor, fused_interleaved, anchor_celsius);
+                fused_anchor, fused_interleaved, anchor_celsius, anchor_mhz, loop_mhz);
   std::fflush(stdout);
   return buf;
 }
