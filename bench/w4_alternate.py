@@ -8,13 +8,16 @@ kiln run followed by one torch run favours whichever ran on the cooler GPU; here
 side's figures come from every round, and every pair is printed. kiln's process times the step as
 torch_anchor.py does, then back to back, first thing after its compile, as torch_anchor.py's
 process does (bench/gpu_bench.cpp, w4_step_bench), and scripts/gpu-check lets the board cool
-before each process.
+before each process. Where the processes sampled it, a second table gives the SM clock each
+step ran at under each protocol (kiln's row's anchor_mhz and loop_mhz; torch's "[clock]" lines).
 
 usage: w4_alternate.py [--mode MODE] kiln-1.jsonl torch-1/results.jsonl [kiln-2.jsonl torch-2/results.jsonl ...]
 MODE is torch.compile's mode the torch runs timed (default "default"; the matmul issue's goal
 is against "max-autotune").
 """
 import json
+import os
+import re
 import statistics
 import sys
 
@@ -27,6 +30,21 @@ def last(path, pred):
             return next((r for r in reversed([json.loads(l) for l in f if l.strip()]) if pred(r)), None)
     except OSError:
         return None
+
+
+def torch_clocks(results_path):
+    """torch.compile's SM clocks (MHz) as torch_anchor.py timed its step queued after flushes and back
+    to back, from the "[clock]" lines bench/torch_anchor_clocks.py printed to the log beside its
+    output directory (scripts/gpu-check: w4-torch-R.log beside w4-torch-R/results.jsonl); None where missing."""
+    log, found = os.path.dirname(os.path.abspath(results_path)) + ".log", {}
+    try:
+        with open(log) as f:
+            for line in f:
+                if m := re.match(r"\[clock\] (anchor|back to back)\b.*: (\d+) MHz", line):
+                    found[m[1]] = int(m[2])  # the last: the step's own timings come last
+    except OSError:
+        pass
+    return found.get("anchor"), found.get("back to back")
 
 
 def main():
@@ -43,6 +61,7 @@ def main():
           f"| {tc_name} ms (smaller of 2 medians) | {tc_name} back to back | ratio | ratio, same timing | ratio, back to back |")
     print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
     kiln_all, torch_all, kiln_loop, torch_loop, kiln_same, torch_same = [], [], [], [], [], []
+    clocks = []  # per pair: kiln and torch.compile's SM clocks, queued after flushes and back to back
     for i in range(0, len(paths), 2):
         k = last(paths[i], lambda r: r.get("type") == "kiln" and r.get("name") == "W4 MLP step bf16")
         t = last(paths[i + 1], lambda r: r.get("type") == "workload" and r.get("workload") == "W4")
@@ -51,6 +70,8 @@ def main():
             print(f"| {i // 2 + 1} | {'-' if k is None else k['fused_ms']} | | | | {tc.get('skipped', tc.get('error', '-'))} | | | | |")
             continue
         kiln_all.append(k["fused_ms"]), torch_all.append(tc["ms"])
+        torch_anchor_mhz, torch_loop_mhz = torch_clocks(paths[i + 1])
+        clocks.append((i // 2 + 1, k.get("anchor_mhz"), torch_anchor_mhz, k.get("loop_mhz"), torch_loop_mhz))
         kl, tl, ka = k.get("fused_loop_ms"), tc.get("loop_ms"), k.get("fused_anchor_ms")
         if kl and tl:
             kiln_loop.append(kl), torch_loop.append(tl)
@@ -71,6 +92,11 @@ def main():
             parts.append(f"back to back kiln {kl:.3f} ms, {tc_name} {tl:.3f} ms: {tl / kl:.3f}x")
         parts.append(f"kiln's median of three flushed rounds {km:.3f} ms against {tm:.3f} ms: {tm / km:.3f}x")
         print(f"W4 alternated, medians over {len(kiln_all)} pairs: " + "; ".join(parts))
+    if any(any(c[1:]) for c in clocks):  # the SM clock the power limit held (gpu_bench's W4 row, torch_anchor_clocks.py)
+        print("\n| round | kiln's SM clock as torch_anchor times (MHz) | torch.compile's | kiln's back to back | torch.compile's |")
+        print("|---|--:|--:|--:|--:|")
+        for c in clocks:
+            print("| " + " | ".join(str(x or "-") for x in c) + " |")
 
 
 if __name__ == "__main__":
