@@ -133,8 +133,7 @@ static double loop_ms(const std::function<void()>& fn, int n) {
 // torch_anchor.py's `flush.zero_()` writes them, by a kernel of 16-byte stores (PyTorch's fill is
 // an elementwise kernel, not a memset), so that the step starts after the same kind of kernel;
 // KILN_BENCH_FLUSH=memset: cuMemsetD32Async instead (the bench before the forty-ninth session).
-// The flush's buffer and its kernel, made (compiled, loaded) on the first call: call it before any
-// timing so that the compile does not fall inside one.
+// The flush's buffer and its kernel, each made (allocated; compiled, loaded) on its first call.
 static const cu::DeviceBuffer& anchor_flush_buffer() {
   static const cu::DeviceBuffer flush_buffer(size_t(256) << 20, 0);
   return flush_buffer;
@@ -149,6 +148,8 @@ static const cu::CudaFunction& anchor_flush_kernel() {
                                            .function("zero_words");
   return fill;
 }
+// Both made: call before any timing (or a clock sampled beside one) so that no compile falls inside it.
+static void make_anchor_flush() { anchor_flush_buffer(), anchor_flush_kernel(); }
 static void anchor_flush() {
   static const bool by_memset = [] {
     const char* v = std::getenv("KILN_BENCH_FLUSH");
@@ -167,7 +168,7 @@ static void anchor_flush() {
 // between them; the smaller of the two medians.
 static double anchor_ms(const std::function<void()>& fn) {
   auto stream = cu::cuda_device().stream();
-  anchor_flush_buffer(), anchor_flush_kernel();  // made before any timing
+  make_anchor_flush();
   double best = INFINITY;
   for (int round = 0; round < 2; ++round) {
     fn();
@@ -774,7 +775,7 @@ static void gemm_energy_bench() {
 static void w4_flush_timeline_bench() {
   auto p = w4::random_params<bf16>(w4::Sizes{8192, 4096, 16384}, 40, cuda(0));
   auto st = w4::step(p);
-  anchor_flush_buffer(), anchor_flush_kernel();
+  make_anchor_flush();
   for (int i = 0; i < 3; ++i) auto o = evaluate_step(Mode::fused, st);  // compiles, warms
   enum { kFlushed, kIdle, kAfterStep, kSettings };
   const int rounds = 10;
@@ -837,7 +838,7 @@ static std::string w4_step_bench() {
   // figure, timed last then, 9.42-9.92, against torch.compile's first 9.28-9.78.
   const Nvml nv;
   const unsigned anchor_celsius = nv.ok() ? nv.gpu_celsius() : 0;
-  anchor_flush_buffer(), anchor_flush_kernel();  // made before the clock is sampled
+  make_anchor_flush();  // before the clock is sampled
   ClockSampler anchor_clock(nv);
   const double fused_anchor = anchor_ms(fused_step);
   const double anchor_mhz = anchor_clock.median_mhz();
