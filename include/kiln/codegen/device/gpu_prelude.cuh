@@ -204,6 +204,10 @@ template <class T, int W> KILN_FN kiln_vec<T, W> kiln_vec_load(const T* p) {
     for (int k = 0; k < bytes / 16; ++k) ((uint4*)&r)[k] = ((const uint4*)p)[k];
   return r;
 }
+// NOTE: marked evict-first in L2 (st.global.cs), so that W4's large outputs leave the GEMMs'
+// operand panels in the L2, these stores ran W4's step no faster on an H100 (back to back
+// 0.996-1.001x, as torch_anchor.py times 0.990-0.995x; branch gemm-evict-first;
+// docs/benchmarks.md, fifty-first session).
 template <class T, int W> KILN_FN void kiln_vec_store(T* p, const kiln_vec<T, W>& r) {
   constexpr int bytes = (int)sizeof(r);
   if constexpr (bytes == 4) *(unsigned*)p = *(const unsigned*)&r;
