@@ -90,9 +90,11 @@ struct GemmConfig {
   // one above the other, which share B's tile: each block's copy engine brings its half of
   // B's box into both blocks' shared memory (TMA multicast), so a 128x256 block reads 3/4 of
   // the bytes from L2 that it would alone (cuBLAS's kernels for W4 run in clusters of two).
-  // NOTE: not four (2 x 2 tiles, A's and B's boxes both shared): an H200 keeps 30 clusters of
-  // four blocks of one SM each resident, 120 of its 132 SMs (cudaOccupancyMaxActiveClusters;
-  // docs/benchmarks.md, thirty-fifth session).
+  // NOTE: not four: an H200 keeps 30 clusters of four blocks of one SM each resident, 120 of
+  // its 132 SMs (cudaOccupancyMaxActiveClusters; docs/benchmarks.md, thirty-fifth session).
+  // Built on branch gemm-cluster4 (four tiles one above the other, a quarter of B's box each)
+  // and timed on an H100 (fifty-second session): each of W4's GEMMs took 3-9% longer, at a
+  // higher clock (the idle SMs' power) but more energy a flop, and the step 5% longer.
   int cluster = 1;
   // simt only: the block's threads in this many groups, each multiplying its own slice of
   // every K tile into a whole output tile of its own, summed through shared memory at the
