@@ -83,8 +83,10 @@ struct GemmConfig {
   // panel (in clusters, the operand each block loads itself) rather than B's. NOTE: for the L2
   // request coalescer, which merges two SMs' reads of one sector only where they come in step:
   // kiln's clusters got 6-18 M sectors a W4 GEMM merged so, cuBLAS's 50-56 M (docs/benchmarks.md,
-  // forty-seventh session); side by side, 3-6 M and no faster (forty-eighth). Where
-  // kiln::gemm_group_across() asks (off by default; gemm_across).
+  // forty-seventh session); side by side, 3-6 M and no faster (forty-eighth). Traced on an H200
+  // (branch gemm-lockstep, fifty-third), 40% of kiln's loads of an A box come within 0.1 us of
+  // another block's load of it, mostly in one GPC, yet few merge; a barrier at each wave changed
+  // neither merges nor time. Where kiln::gemm_group_across() asks (off by default; gemm_across).
   bool group_across = false;
   // wgmma, persistent: blocks work in clusters of this many (1 or 2) on tiles
   // one above the other, which share B's tile: each block's copy engine brings its half of
