@@ -81,7 +81,7 @@ struct GemmConfig {
   // The raster groups side by side instead: `group` tiles wide, consecutive tiles walking along
   // a row of the group before the next row, so that neighbours in launch order share A's row
   // panel (in clusters, the operand each block loads itself) rather than B's. NOTE: for the L2
-  // request coalescer, which merges two SMs' reads of one sector only where they come in step:
+  // request coalescer, which merges two SMs' reads of one sector that arrive together:
   // kiln's clusters got 6-18 M sectors a W4 GEMM merged so, cuBLAS's 50-56 M (docs/benchmarks.md,
   // forty-seventh session); side by side, 3-6 M and no faster (forty-eighth). Traced on an H200
   // (branch gemm-lockstep, fifty-third), 40% of kiln's loads of an A box come within 0.1 us of
