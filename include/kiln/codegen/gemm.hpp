@@ -86,7 +86,9 @@ struct GemmConfig {
   // forty-seventh session); side by side, 3-6 M and no faster (forty-eighth). Traced on an H200
   // (branch gemm-lockstep, fifty-third), 40% of kiln's loads of an A box come within 0.1 us of
   // another block's load of it, mostly in one GPC, yet few merge; a barrier at each wave changed
-  // neither merges nor time. Where kiln::gemm_group_across() asks (off by default; gemm_across).
+  // neither merges nor time. Each cluster of two runs on the two SMs of one TPC (the same trace),
+  // which share B's box by multicast and load different A boxes (fifty-fourth session). Where
+  // kiln::gemm_group_across() asks (off by default; gemm_across).
   bool group_across = false;
   // wgmma, persistent: blocks work in clusters of this many (1 or 2) on tiles
   // one above the other, which share B's tile: each block's copy engine brings its half of
