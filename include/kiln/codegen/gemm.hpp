@@ -80,15 +80,13 @@ struct GemmConfig {
   int group = 8;
   // The raster groups side by side instead: `group` tiles wide, consecutive tiles walking along
   // a row of the group before the next row, so that neighbours in launch order share A's row
-  // panel (in clusters, the operand each block loads itself) rather than B's. NOTE: for the L2
-  // request coalescer, which merges two SMs' reads of one sector that arrive together:
-  // kiln's clusters got 6-18 M sectors a W4 GEMM merged so, cuBLAS's 50-56 M (docs/benchmarks.md,
-  // forty-seventh session); side by side, 3-6 M and no faster (forty-eighth). Traced on an H200
-  // (branch gemm-lockstep, fifty-third), 40% of kiln's loads of an A box come within 0.1 us of
-  // another block's load of it, mostly in one GPC, yet few merge; a barrier at each wave changed
-  // neither merges nor time. Each cluster of two runs on the two SMs of one TPC (the same trace),
-  // which share B's box by multicast and load different A boxes (fifty-fourth session). Where
-  // kiln::gemm_group_across() asks (off by default; gemm_across).
+  // panel (in clusters, the operand each block loads itself) rather than B's. NOTE: the L2
+  // request coalescer merges two SMs' reads of one sector that arrive together; kiln's clusters
+  // get 6-18 M sectors a W4 GEMM merged, cuBLAS's 50-56 M. Side by side gave fewer (3-6 M) and no
+  // speed; blocks already load a shared A box within 0.1 us of each other 40% of the time, and
+  // each cluster of two sits on one TPC (docs/benchmarks.md, forty-seventh, forty-eighth,
+  // fifty-third and fifty-fourth sessions). Where kiln::gemm_group_across() asks (off by
+  // default; gemm_across).
   bool group_across = false;
   // wgmma, persistent: blocks work in clusters of this many (1 or 2) on tiles
   // one above the other, which share B's tile: each block's copy engine brings its half of
