@@ -83,10 +83,10 @@ struct GemmConfig {
   // panel (in clusters, the operand each block loads itself) rather than B's. NOTE: the L2
   // request coalescer merges two SMs' reads of one sector that arrive together; kiln's clusters
   // get 6-18 M sectors a W4 GEMM merged, cuBLAS's 50-56 M. Side by side gave fewer (3-6 M) and no
-  // speed; blocks already load a shared A box within 0.1 us of each other 40% of the time, and
-  // each cluster of two sits on one TPC (docs/benchmarks.md, forty-seventh, forty-eighth,
-  // fifty-third and fifty-fourth sessions). Where kiln::gemm_group_across() asks (off by
-  // default; gemm_across).
+  // speed. Merges need two SMs' loads of one box within about 32 ns of each other (one TPC or
+  // not); kiln's clusters come that close for a ninth of A's sectors, one block a tile for most
+  // of B's (docs/benchmarks.md, forty-seventh, forty-eighth and fifty-fifth sessions). Where
+  // kiln::gemm_group_across() asks (off by default; gemm_across).
   bool group_across = false;
   // wgmma, persistent: blocks work in clusters of this many (1 or 2) on tiles
   // one above the other, which share B's tile: each block's copy engine brings its half of
