@@ -49,6 +49,9 @@
 // KILN_BENCH_SERP_AB=1 (with KILN_BENCH_ONLY=w4): the same with the GEMMs' odd waves walking K backwards and odd
 // raster groups their columns from the right (kiln::gemm_serpentine, on by default), off and on. KILN_BENCH_GEMM_SERP=1
 // (with the GEMM rows): W4's GEMMs each alone, as the heuristic picks and with straight walks.
+// KILN_BENCH_TOTALS_AB=1 (with KILN_BENCH_ONLY=w4): the W4 step with the loss's sum by a rows kernel reading y and by
+// y's GEMM as it stores y (kiln::gemm_totals, off by default), alternated, each with its errors against float64; then
+// one step of each as a timeline.
 // KILN_BENCH_FILL_AB=1 (with KILN_BENCH_ONLY=w4): the W4 step with its leaves (the loss's sum, db1, db2) on a
 // third stream below the GEMMs' priority (kiln::idle_fill, off by default) and as before, alternated; then
 // one step of each as a timeline (kiln::timeline: when each kernel's stream reached it, when it ended).
@@ -1045,6 +1048,10 @@ static std::string w4_step_bench() {
   if (std::getenv("KILN_BENCH_SERP_AB")) {  // the GEMMs' waves all forward, and serpentine
     sums_ab("serpentine", set_gemm_serpentine, gemm_serpentine(), errors);
     timelines("serpentine", set_gemm_serpentine);
+  }
+  if (std::getenv("KILN_BENCH_TOTALS_AB")) {  // the loss's sum by a rows kernel, and by y's GEMM
+    sums_ab("totals in the GEMMs", set_gemm_totals, gemm_totals(), errors);
+    timelines("totals in the GEMMs", set_gemm_totals);
   }
   double worst = std::max({e_loss, e[0], e[1], e[2], e[3], e[4]});
   // max-autotune from cold: a fresh cache directory (no tuning database, no compiled candidate

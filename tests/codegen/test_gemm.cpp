@@ -46,6 +46,11 @@ struct OperandSumsOn {
   OperandSumsOn() { set_gemm_operand_sums(true); }
   ~OperandSumsOn() { set_gemm_operand_sums(false); }
 };
+// kiln::gemm_totals on for the scope (off by default).
+struct TotalsOn {
+  TotalsOn() { set_gemm_totals(true); }
+  ~TotalsOn() { set_gemm_totals(false); }
+};
 
 template <class DT, int R>
 Tensor<DT, R> det(Shape<R> s, uint64_t seed) {  // deterministic CPU tensor (for programs only)
@@ -975,6 +980,69 @@ TEST_CASE("a sum over the rows of a matrix a Hopper GEMM stores (a bias's gradie
   CHECK(off.matmuls()[0].colsum_slot == -1);
 }
 
+TEST_CASE("a sum of a function of every element of a matrix a Hopper GEMM stores (a loss) is computed by that GEMM; it compiles") {
+  if (!jit::nvrtc_available()) {
+    MESSAGE("NVRTC not found: skipped");
+    return;
+  }
+  TotalsOn on;
+  auto e = [](int64_t r, int64_t c) { return Tensor<bf16, 2>::empty(Shape<2>{r, c}, cpu()); };
+  auto x = e(2048, 1024), w = e(1024, 4096), t = e(2048, 4096);
+  auto b = Tensor<bf16, 1>::empty(Shape<1>{4096}, cpu());
+  // W4's: y stored (the backward reads it; here an output), the loss read from it, the mean's scale
+  // a param. (Where y is stored for the loss alone, the plan adds the bias in the loss's kernel.)
+  auto y = matmul(x, w) + b;
+  auto yf = kiln::cast<f32>(y);
+  auto loss = kiln::mean(yf * yf);
+  auto total = [](const GpuProgram& p) { return p.matmuls().at(0).total_kernel; };
+  {  // the heuristic's config: the loss's rows kernel not launched, its scale among the GEMM's words
+    GpuProgram p = cuda_program(90, y, loss);
+    REQUIRE(p.kinds.size() == 2);
+    CHECK(p.matmuls()[0].gemm.kind == GemmKind::wgmma);
+    CHECK(total(p) == 1);
+    CHECK(p.matmuls()[0].total_words == 1);
+    CHECK(rows_skipped(p));
+    CHECK(p.src.find("kiln_total += ") != std::string::npos);
+    CHECK(p.src.find("kiln_total_last(kiln_total, args.tw, ") != std::string::npos);
+    CHECK(p.src.find("kiln_u64 tt[2]") != std::string::npos);
+    CHECK(jit::cubin_sm(jit::nvrtc_compile(p.src, "kiln_gemm_total", 9, 0, codegen::gpu_compile_options(p.vars))) == 90);
+  }
+  // A function with constants of its own (params the GEMM reads from the rows kernel's words), in
+  // each kind of wgmma config forced: a tile a block, persistent, the split epilogue, clusters, a
+  // split tail; not dynamic tiles (a warp's elements would differ from run to run, so the sum).
+  auto f = kiln::sum(yf * yf * 0.5f + yf);
+  std::vector<GemmConfig> configs;
+  for (const GemmConfig& c : wgmma_configs_forced())
+    if (c.bk == 64 && (c.bn == 256 || c.split_epilogue || !c.persistent)) configs.push_back(c);
+  REQUIRE(configs.size() >= 6);
+  for (const GemmConfig& c : configs) {
+    CAPTURE(c.str());
+    GemmHook force(c);
+    GpuProgram p = cuda_program(90, y, f);
+    REQUIRE(p.matmuls().size() == 1);
+    CHECK(p.matmuls()[0].gemm == c);
+    const bool fixed = !(c.persistent && c.dynamic);
+    CHECK((total(p) >= 0) == fixed);
+    CHECK(rows_skipped(p) == fixed);
+    if (fixed) {
+      CHECK(p.matmuls()[0].total_words == 1);  // 0.5 (the sum itself is the output)
+      CHECK(p.src.find("kiln_bits_to_f64(TA[0])") != std::string::npos);
+      CHECK(jit::cubin_sm(jit::nvrtc_compile(p.src, "kiln_gemm_total", 9, 0, codegen::gpu_compile_options(p.vars))) == 90);
+    }
+  }
+  // Not where the GEMM is no wgmma (sm_80), for a sum along one dim, for a function that reads a
+  // second tensor, for a sum in f64, nor with the switch off: the rows kernel runs.
+  CHECK(!rows_skipped(cuda_program(80, y, loss)));
+  CHECK(!rows_skipped(cuda_program(90, y, kiln::sum(yf * yf, 1))));
+  CHECK(!rows_skipped(cuda_program(90, y, kiln::sum((yf - kiln::cast<f32>(t)) * yf))));
+  CHECK(!rows_skipped(cuda_program(90, y, kiln::sum(kiln::cast<f64>(yf)))));
+  set_gemm_totals(false);  // (kiln's default)
+  GpuProgram off = cuda_program(90, y, loss);
+  set_gemm_totals(true);
+  CHECK(!rows_skipped(off));
+  CHECK(total(off) == -1);
+}
+
 TEST_CASE("a sum over the rows of a Hopper GEMM's B operand (a bias's gradient beside its weight's) is computed by that GEMM; it compiles") {
   if (!jit::nvrtc_available()) {
     MESSAGE("NVRTC not found: skipped");
@@ -1645,20 +1713,27 @@ TEST_CASE("GPU GEMM: the persistent Hopper kernel over more tiles than SMs, K st
   check_persistent(PersistentSet::k32);
 }
 
+// The wgmma configs of the epilogue's kinds: a tile a block (128 x 128), the split epilogue (128 x
+// 192: six groups of column chunks for its three warps), persistent (128 x 256), and last that in
+// clusters of two (W4's).
+std::vector<GemmConfig> epilogue_configs(DType d) {
+  std::vector<GemmConfig> configs;
+  for (const GemmConfig& c : codegen::gemm_candidates(d, 90))
+    if (c.kind == GemmKind::wgmma && ((c.bn == 128 && !c.persistent) || (c.bn == 192 && c.split_epilogue)))
+      configs.push_back(c);
+  for (const GemmConfig& c : codegen::gemm_candidates(d, 90))
+    if (c.kind == GemmKind::wgmma && c.bn == 256 && c.persistent && !c.split_epilogue) configs.push_back(c);
+  REQUIRE(configs.size() == 3);
+  configs.push_back(configs.back()), configs.back().cluster = 2;
+  return configs;
+}
+
 TEST_CASE_TEMPLATE("GPU GEMM: a sum over the rows of the matrix it stores (a bias's gradient) in the Hopper kernel, each config, against float64",
                    DT, bf16, f16) {
   if (kiln::default_device() == kiln::cpu() || cuda_arch() != 90) return;
   KILN_TEST_RNG(rng);
   ColumnSumsOn on;
-  // A tile a block (128 x 128), persistent (128 x 256, also in clusters of two: W4's), and the
-  // split epilogue (128 x 192: six groups of column chunks for its three warps).
-  std::vector<GemmConfig> configs;
-  for (const GemmConfig& c : codegen::gemm_candidates(DT::id, 90))
-    if (c.kind == GemmKind::wgmma && ((c.bn == 128 && !c.persistent) || (c.bn == 256 && c.persistent && !c.split_epilogue) ||
-                                      (c.bn == 192 && c.split_epilogue)))
-      configs.push_back(c);
-  REQUIRE(configs.size() == 3);
-  configs.push_back(configs[0].persistent ? configs[0] : configs[1]), configs.back().cluster = 2;
+  const std::vector<GemmConfig> configs = epilogue_configs(DT::id);
   // Odd M (a partial last tile row; in clusters of two, a lower tile wholly past M), N no
   // multiple of the tile, one tile, a transposed x (M a multiple of 8: the copy engine reads it M-major).
   struct Case {
@@ -1698,6 +1773,69 @@ TEST_CASE_TEMPLATE("GPU GEMM: a sum over the rows of the matrix it stores (a bia
       // The same sums bit for bit on every run (the tiles' partial sums are added in one order).
       Tensor<DT, 1> again = kiln::sum(mm, 0);
       CHECK(read(again).v == read(got_ms).v);
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("GPU GEMM: a sum of a function of every element it stores (a loss) in the Hopper kernel, each config, against float64",
+                   DT, bf16, f16) {
+  if (kiln::default_device() == kiln::cpu() || cuda_arch() != 90) return;
+  KILN_TEST_RNG(rng);
+  TotalsOn on;
+  std::vector<GemmConfig> configs = epilogue_configs(DT::id);  // and with a split tail
+  configs.push_back(configs.back()), configs.back().cluster = 1, configs.back().split_tail = true;
+  // Odd M (in clusters of two, a lower tile wholly past M), N no multiple of the tile, one tile,
+  // a transposed x; a batch of two (the grid's z) with B broadcast.
+  struct Case {
+    int64_t B, M, N, K;
+    Layout xl;
+  };
+  for (const Case& cs : {Case{1, 1093, 1160, 136, Layout::contiguous}, Case{1, 7, 40, 64, Layout::contiguous},
+                         Case{1, 264, 520, 72, Layout::transposed}, Case{2, 200, 264, 64, Layout::contiguous}}) {
+    const int64_t M = cs.M, N = cs.N, K = cs.K;
+    CAPTURE(M);
+    CAPTURE(N);
+    CAPTURE(cs.B);
+    Values v{-2, 2};
+    auto x = input<DT, 3>(rng, {cs.B, M, K}, cs.xl, v);
+    auto w = input<DT, 2>(rng, {K, N}, Layout::contiguous, v);
+    auto b = input<DT, 1>(rng, {N}, Layout::contiguous, v);
+    // y = x @ w + b in float64: the GEMM's f32 value before its rounding to DT, which the total sums.
+    Array pre(Dims{cs.B, M, N});
+    for (int64_t z = 0; z < cs.B; ++z)
+      for (int64_t i = 0; i < M; ++i)
+        for (int64_t j = 0; j < N; ++j) {
+          double acc = b.a.v[size_t(j)];
+          for (int64_t k = 0; k < K; ++k) acc += x.a.at({z, i, k}) * w.a.at({k, j});
+          pre.at({z, i, j}) = acc;
+        }
+    double want_loss = 0, want_f = 0, mag_f = 0;
+    for (double y : pre.v) want_loss += y * y, want_f += y * y * 0.5 + y, mag_f += y * y * 0.5 + std::fabs(y);
+    want_loss /= double(pre.v.size());
+    // Each y within about K f32 roundings, then a few thousand f32 additions a thread and the
+    // warps' sums: 2e-4 of the magnitude bounds that; a tile left out (a ninth or more of the
+    // elements in the cases of several tiles) is far outside it. Where the config forced is not
+    // taken and the GEMM another kind, the rows kernel sums y rounded to DT.
+    const Array s_f = ref::scalar(mag_f);
+    for (const GemmConfig& c : configs) {
+      CAPTURE(c.str());
+      GemmHook hook(c);
+      auto y = kiln::matmul(x.t, w.t) + b.t;
+      auto yf = kiln::cast<f32>(y);
+      Counters before = counters();
+      auto [got_y, loss] = kiln::eval(y, kiln::mean(yf * yf));  // W4's: y stored (for the backward), the loss read from it
+      const GemmProblem seen = hook.seen.at(0);  // NOTE: a copy: gemm_choose adds to hook.seen
+      const bool took = codegen::gemm_choose(seen) == c;
+      const bool fused = counters().kernels_launched - before.kernels_launched == 1;
+      if (took) CHECK(fused);
+      const Tol t = fused ? tol<f32>().scaled(20) : tol<DT>().scaled(2);
+      check_close(read(loss), ref::scalar(want_loss), t, "mean(y * y)");
+      check_close(got_y, pre, tol<DT>().scaled(2), "x @ w + b");
+      auto [y2, f] = kiln::eval(y, kiln::sum(yf * yf * 0.5f + yf));  // a constant of the sum's own
+      check_close(read(f), ref::scalar(want_f), t, "sum(y * y * 0.5 + y)", &s_f);
+      // The same total bit for bit on every run (the warps' sums are added in one order).
+      auto [y3, again] = kiln::eval(y, kiln::mean(yf * yf));
+      CHECK(read(again).v == read(loss).v);
     }
   }
 }

@@ -67,7 +67,8 @@ Dispatch dispatch_in(Mode mode, FakeGpuBackend& backend, int ordinal, const Es&.
     std::vector<uint64_t> block;
     runtime::gpu_arg_block(cp->layouts[k], want.args[k], want.vars[k], ws, st, block);
     // the backend's workspace and staging buffers: the argument block's last words
-    block.resize(block.size() - (want.vars[k].workspace() ? codegen::kGpuSplitWords : 0) - (want.vars[k].stage ? codegen::kGpuStageWords : 0));
+    block.resize(block.size() - (want.vars[k].workspace() ? codegen::kGpuSplitWords : 0) - (want.vars[k].stage ? codegen::kGpuStageWords : 0) -
+                 (want.vars[k].total_kernel >= 0 ? codegen::kGpuSplitWords : 0));
     for (bool staging : {true, false}) {
       if (staging && !want.vars[k].stage) continue;
       kernels.push_back({k, staging});
@@ -766,6 +767,35 @@ TEST_CASE("GPU dispatch: with column sums in the GEMMs (kiln::gemm_column_sums) 
   CHECK(skipped == 2);
   // Their workspace is the kernel's own: a GEMM that sums still runs beside other kernels.
   CHECK(std::count_if(dev.launched.begin(), dev.launched.end(), [](const auto& l) { return l.stream == 1; }) >= 2);
+}
+
+TEST_CASE("GPU dispatch: with totals in the GEMMs (kiln::gemm_totals) W4's step launches one kernel fewer: the loss in y's GEMM") {
+  KILN_TEST_RNG(rng);
+  FakeGpuBackend backend;
+  const auto st = w4_step(rng, 2048, 2048, 4096);
+  Dispatch off = w4_dispatch(backend, st);
+  set_gemm_totals(true);
+  Dispatch on = w4_dispatch(backend, st);  // a repeat call: the switch is among its inputs
+  set_gemm_totals(false);
+  CHECK(on.launches.size() + 1 == off.launches.size());
+  const auto& kernels = on.plan->plan.kernels;
+  int totals = 0;
+  for (size_t k = 0; k < kernels.size(); ++k) {
+    const int r = on.vars[k].total_kernel;
+    if (r < 0) continue;
+    ++totals;
+    CHECK(kernels[k].kind == sched::KernelKind::matmul);
+    CHECK(on.vars[k].gemm.kind == codegen::GemmKind::wgmma);
+    CHECK(on.vars[size_t(r)].skip);
+    CHECK(on.vars[k].total_words == 1);  // the mean's scale
+    // The loss's kernel reads exactly the matrix this GEMM stores.
+    REQUIRE(kernels[size_t(r)].loads.size() == 1);
+    const int y = kernels[size_t(r)].loads[0];
+    CHECK(std::any_of(kernels[k].stores.begin(), kernels[k].stores.end(), [&](const sched::Store& s) { return s.buffer == y; }));
+  }
+  CHECK(totals == 1);
+  // Only the loss's kernel is skipped.
+  CHECK(std::count_if(on.vars.begin(), on.vars.end(), [](const codegen::GpuVariant& v) { return v.skip; }) == 1);
 }
 
 TEST_CASE("GPU dispatch: with B's column sums in the GEMMs (kiln::gemm_operand_sums) W4's step launches two kernels fewer; "

@@ -107,11 +107,26 @@ struct GemmColumnSums {
   std::function<std::string(const std::string& col, const std::string& v)> store;
 };
 
+// GpuVariant::total_kernel in a kernel's terms: the epilogue adds each element's term into the
+// register kiln_total of the thread that stores it (MatmulEpilogue::total); finish(slot, warps,
+// ind) gives the statements with which warp `slot` of the grid's `warps` that stored tiles hands
+// its sum over (kiln_total_last), the last to arrive storing the result.
+struct GemmTotal {
+  std::function<std::string(const std::string& slot, const std::string& warps, const std::string& ind)> finish;
+};
+// The warps of a block that store its tiles: the consumers', or a split epilogue's three.
+inline int wgmma_epilogue_warps(const GemmConfig& c) { return c.persistent && c.split_epilogue ? 3 : c.bm / c.wm * 4; }
+// Whether a GEMM of config c can compute a rows kernel's total (GpuVariant::total_kernel): the
+// wgmma kind, its blocks' tiles fixed (not dynamic: each warp's elements, so the sum, the same on
+// every run).
+inline bool gemm_sums_total(const GemmConfig& c) { return c.kind == GemmKind::wgmma && !(c.persistent && c.dynamic); }
+
 class WgmmaWriter {
  public:
   // `group`: where given, interior tiles store through it (staged_stores); else element by element.
-  WgmmaWriter(const GemmConfig& c, const GemmOperands& o, DType d, GemmStore store, GemmGroupStore group = {}, GemmColumnSums sums = {})
-      : c_(c), o_(o), d_(d), w_(c, o, d, std::move(store)), group_(std::move(group)), sums_(std::move(sums)) {}
+  WgmmaWriter(const GemmConfig& c, const GemmOperands& o, DType d, GemmStore store, GemmGroupStore group = {}, GemmColumnSums sums = {},
+              GemmTotal total = {})
+      : c_(c), o_(o), d_(d), w_(c, o, d, std::move(store)), group_(std::move(group)), sums_(std::move(sums)), total_(std::move(total)) {}
 
   std::string body(const std::string& prelude = "") const {
     auto S = [](int v) { return std::to_string(v); };
@@ -234,6 +249,7 @@ class WgmmaWriter {
     if (b_sums) s += "    else if (threadIdx.x >= 32 && threadIdx.x < 96) {\n" + b_column_sums(tiles_open, tiles_close) + "    }\n";
     s += std::string("  } else {\n") + (split ? "" : "    kiln_regs_inc<232>();\n");
     s += "    const int c = wg - 1, w = (threadIdx.x / 32) % 4;\n";
+    if (total_.finish && !split) s += "    float kiln_total = 0.f;\n";
     // The shared-memory descriptors of stage 0, built once: a stage's and a K16 step's are these
     // plus their byte offset / 16 (the start address field, bits 0-13, never carries: shared
     // memory ends below 256 KB). NOTE: built from the address at every K16 step they made the
@@ -322,7 +338,11 @@ class WgmmaWriter {
     } else {
       s += tiles_open("    ") + unit_body(false);
     }
-    s += tiles_close("    ") + "  }\n";
+    s += tiles_close("    ");
+    if (total_.finish && !split)
+      s += total_.finish("(unsigned)((blockIdx.z * gridDim.x + blockIdx.x) * (CONSUMERS * 4) + (threadIdx.x - 128) / 32)",
+                         "(unsigned)(gridDim.x * gridDim.z * CONSUMERS * 4)", "    ");
+    s += "  }\n";
     // Clustered: no block leaves while another may still arrive on its barriers or copy into it.
     return cl > 1 ? s + "  kiln_cluster_sync();\n" : s;
   }
@@ -379,6 +399,7 @@ class WgmmaWriter {
     };
     const std::string wait = "kiln_mbar_wait(stg_full, tiles_done & 1);\n";
     std::string s = "    const int t = threadIdx.x - (128 - EPI);\n";
+    if (total_.finish) s += "    float kiln_total = 0.f;\n";
     s += "    const unsigned char* sbytes = kiln_smem + (stg - kiln_smem_addr(kiln_smem));\n    int tiles_done = 0;\n";
     s += tiles_open("    ", true) + "    constexpr int CHUNKS = BM * BN / 8;\n";
     // Per element, checked or not: edge tiles, and epilogues with no vector form.
@@ -408,7 +429,10 @@ class WgmmaWriter {
     }
     s += "    if (m0 + BM <= Mr && n0 + BN <= N) {\n" + interior + "    } else {\n" + elements(true) + "    }\n";
     s += "    kiln_mbar_arrive(stg_empty);\n    ++tiles_done;\n" + column_sums("t", "EPI", "    ");
-    return s + tiles_close("    ");
+    s += tiles_close("    ");
+    if (total_.finish)
+      s += total_.finish("(unsigned)((blockIdx.z * gridDim.x + blockIdx.x) * (EPI / 32) + t / 32)", "(unsigned)(gridDim.x * gridDim.z * (EPI / 32))", "    ");
+    return s;
   }
 
   // B's column sums (b_sums in body): threads 32-95, thread t the 16-byte chunk t / 2 of B's
@@ -497,6 +521,7 @@ class WgmmaWriter {
   GemmWriter w_;
   GemmGroupStore group_;
   GemmColumnSums sums_;
+  GemmTotal total_;
 };
 
 }  // namespace kiln::codegen

@@ -105,6 +105,16 @@ struct GpuVariant {
   // its sum is over B's rows, the GEMM's K: the tiles of the first tile row sum B's columns from
   // the stages already in shared memory (gemm_sm90.hpp; runtime's assign_column_sums). No workspace.
   bool colsum_of_b = false;
+  // matmul (wgmma, not dynamic tiles): the rows kernel (plan index) whose one value, a sum over
+  // every element of a pointwise function of a matrix this GEMM stores (a loss: mean(y * y)),
+  // this GEMM computes: the threads that store its tiles add the function of each element into
+  // a register; at the kernel's end each warp leaves its sum in the workspace and the last warp
+  // to arrive adds them all, in order, and stores the rows kernel's output (runtime's
+  // assign_column_sums; that kernel is then skipped). Its words (`tt`, after the column sums'):
+  // the destination, then the rows kernel's params (`total_words` of them); its workspace's
+  // (`tw`) end the argument struct. -1: none.
+  int total_kernel = -1;
+  int total_words = 0;
   // The argument struct ends with workspace words: split rows' partials and counters, or a
   // split-tail GEMM's slots and counts (a tile of floats per piece handed over, a count per
   // tail tile; per block of a cluster), or a split-K GEMM's (a tile of sums per block, a
@@ -127,6 +137,9 @@ inline constexpr int kGpuStageWords = 2;
 // The column sums' destination (GpuVariant::colsum_slot), after the params' words (before the
 // workspace's: the words the host sets per call come first).
 inline constexpr int kGpuColumnSumWords = 1;
+// A GEMM's total (GpuVariant::total_kernel): its destination, then its rows kernel's params (`tt`,
+// after the column sums' words); its workspace, partials and counter (`tw`), end the struct.
+inline constexpr int kGpuTotalWords = 1;
 
 // A staged operand (GpuVariant::stage) of a matmul over meta M = [nd, K, sizes, strides per
 // slot]: its rows (M of A, N of B), batches (one where its batch is broadcast) and row pitch
@@ -155,8 +168,9 @@ inline std::string gpu_prelude(GpuDialect d, int warp_size) {
 
 class GpuKernelWriter {
  public:
-  GpuKernelWriter(const ir::Graph& g, const sched::Kernel& k, int index, const GpuVariant& v)
-      : g_(g), k_(k), l_(layout(g, k)), v_(v), name_("kiln_k" + std::to_string(index)) {}
+  // `total`: the rows kernel whose total a GEMM computes (GpuVariant::total_kernel).
+  GpuKernelWriter(const ir::Graph& g, const sched::Kernel& k, int index, const GpuVariant& v, const sched::Kernel* total = nullptr)
+      : g_(g), k_(k), l_(layout(g, k)), v_(v), name_("kiln_k" + std::to_string(index)), total_(total) {}
 
   // Words of the argument struct's m: [nd, no or K, sizes, strides per slot].
   static size_t meta_words(const Layout& l) { return 2 + kMaxRank + l.slots.size() * kMaxRank; }
@@ -166,8 +180,10 @@ class GpuKernelWriter {
     std::string s = "struct " + name_ + "_args { void* p[" + std::to_string(ns) + "]; int64_t m[" + std::to_string(nm) +
                     "]; uint64_t a[" + std::to_string(nw) + "];" +
                     (v_.colsum_slot >= 0 ? " kiln_u64 cs[" + std::to_string(kGpuColumnSumWords) + "];" : "") +
+                    (v_.total_kernel >= 0 ? " kiln_u64 tt[" + std::to_string(kGpuTotalWords + v_.total_words) + "];" : "") +
                     (v_.workspace() ? " kiln_u64 ws[" + std::to_string(kGpuSplitWords) + "];" : "") +
-                    (v_.stage ? " kiln_u64 st[" + std::to_string(kGpuStageWords) + "];" : "") + " };\n";
+                    (v_.stage ? " kiln_u64 st[" + std::to_string(kGpuStageWords) + "];" : "") +
+                    (v_.total_kernel >= 0 ? " kiln_u64 tw[" + std::to_string(kGpuSplitWords) + "];" : "") + " };\n";
     // NOTE: the bounds are the block size the host launches with (it is part of the variant). On
     // AMD that lifts the default bound of 1024 work-items, which caps each lane's registers as if
     // 16 wavefronts shared a CU; on NVIDIA the blocks-per-SM hint keeps `resident` threads
@@ -863,7 +879,19 @@ class GpuKernelWriter {
           return "((" + out + "*)args.cs[0])[" + col + "] = " + to_storage(d, v) + ";";
         };
       }
-      return WgmmaWriter(v_.gemm, v_.gemm_ops, ep.dtype(), store, group, sums).body(prelude);
+      GemmTotal total;
+      Layout rows;  // the total's rows kernel's (ep and the finish read it)
+      if (v_.total_kernel >= 0) {
+        if (!total_ || total_->reduces.size() != 1 || total_->stores.size() != 1 || !gemm_sums_total(v_.gemm))
+          throw Error("kiln: internal error: a total in a " + v_.gemm.str() + " GEMM");
+        rows = layout(g_, *total_);
+        const ir::Node& red = g_.nodes[size_t(total_->reduces[0])];
+        if (compute_type(red.dtype) != "float") throw Error("kiln: internal error: a GEMM's total in " + std::string(info(red.dtype).name));
+        ep.total(g_.arg(red, 0), *total_, rows, "kiln_total");
+        prelude += "  const uint64_t* const TA = (const uint64_t*)args.tt + " + std::to_string(kGpuTotalWords) + "; (void)TA;\n";
+        total.finish = [&](const std::string& slot, const std::string& warps, const std::string& ind) { return total_finish(rows, slot, warps, ind); };
+      }
+      return WgmmaWriter(v_.gemm, v_.gemm_ops, ep.dtype(), store, group, sums, total).body(prelude);
     }
     GemmPrologue pro;
     pro.words = l_.words;
@@ -878,6 +906,21 @@ class GpuKernelWriter {
     return GemmWriter(v_.gemm, v_.gemm_ops, ep.dtype(), store, pro).body(prelude);
   }
   std::string prologue_name(int operand) const { return name_ + (operand ? "_pb" : "_pa"); }
+  // GpuVariant::total_kernel: the warp hands its sum over; the last warp's lane 0 computes the rows
+  // kernel's output from the total (its own arithmetic and params, read from TA) and stores it.
+  std::string total_finish(const Layout& rows, const std::string& slot, const std::string& warps, const std::string& ind) const {
+    ValueEmitter ve(g_, *total_, rows);
+    ve.params_from("TA");
+    ve.bind(total_->reduces[0], "kiln_t");
+    auto none = [](int) -> std::string { throw Error("kiln: internal error: a GEMM's total reads a tensor after its sum"); };
+    std::string body;
+    const sched::Store& st = total_->stores[0];
+    const std::string v = ve.value(st.value, body, ind + "    ", none, none);
+    const DType d = g_.nodes[size_t(st.buffer)].dtype;
+    return ind + "{\n" + ind + "  float kiln_t;\n" + ind + "  if (kiln_total_last(kiln_total, args.tw, " + slot + ", " + warps +
+           ", kiln_t) && lane == 0) {\n" + body + ind + "    *(" + storage_type(d) + "*)args.tt[0] = " + to_storage(d, v) + ";\n" + ind +
+           "  }\n" + ind + "}\n";
+  }
 
   // GpuVariant::stage's kernel: 256 threads a block, a block per 32 x 32 tile of the staged
   // operands (A's tiles first), each copied K-major into its `st` buffer (kiln_stage_tile).
@@ -914,6 +957,7 @@ class GpuKernelWriter {
   std::vector<uint8_t> used_;  // slots read by the statements generated last (vload)
   bool batched_ = false;       // vector statements for chunk k of a loaded batch: L<i>[k][u]
   int sites_ = 0;              // block reductions so far (each its own shared array)
+  const sched::Kernel* total_ = nullptr;  // matmul: the rows kernel whose total it computes
 };
 
 // The program of a plan's kernels `only` (all where empty), kernel k named kiln_k<k>.
@@ -931,7 +975,10 @@ inline std::string gpu_source(GpuDialect dialect, int warp_size, const ir::Graph
   if (any(GemmKind::mma) || any(GemmKind::wgmma)) src += detail::read_device_file("gemm_mma.cuh");
   if (any(GemmKind::wgmma)) src += detail::read_device_file("gemm_wgmma.cuh") + detail::read_device_file("gemm_walk.h");
   if (any(GemmKind::mfma)) src += detail::read_device_file("gemm_mfma.cuh");
-  for (size_t k : ks) src += "\n" + GpuKernelWriter(g, plan.kernels[k], int(k), variants[k]).write();
+  for (size_t k : ks) {
+    const int t = variants[k].total_kernel;
+    src += "\n" + GpuKernelWriter(g, plan.kernels[k], int(k), variants[k], t >= 0 ? &plan.kernels[size_t(t)] : nullptr).write();
+  }
   return src;
 }
 
@@ -959,9 +1006,18 @@ inline sched::Plan gpu_single_kernel_plan(const sched::Plan& plan, size_t k) {
   return one;
 }
 // Matmul kernel k alone with variant v: the one kernel kiln_k0 of a plan of its own.
+// A GEMM that computes a rows kernel's total (GpuVariant::total_kernel) takes that kernel along,
+// as kernel 1 of its plan, not written: the GEMM does its arithmetic.
 inline GpuProgramPart gpu_gemm_program(GpuDialect dialect, int warp_size, const ir::Graph& g, const sched::Plan& plan, size_t k,
                                        const GpuVariant& v) {
-  return {gpu_source(dialect, warp_size, g, gpu_single_kernel_plan(plan, k), {v}), gpu_compile_options({v}), {k}};
+  sched::Plan one = gpu_single_kernel_plan(plan, k);
+  std::vector<GpuVariant> vars{v};
+  if (v.total_kernel >= 0) {
+    one.kernels.push_back(plan.kernels[size_t(v.total_kernel)]);
+    vars[0].total_kernel = 1;
+    vars.emplace_back();
+  }
+  return {gpu_source(dialect, warp_size, g, one, vars, {0}), gpu_compile_options({v}), {k}};
 }
 inline std::vector<GpuProgramPart> gpu_programs(GpuDialect dialect, int warp_size, const ir::Graph& g, const sched::Plan& plan,
                                                 const std::vector<GpuVariant>& variants) {

@@ -57,13 +57,16 @@ class ValueEmitter {
       rhs = load(s);
     } else if (int p = param_of(id); p >= 0) {
       int w = l_.param_words[size_t(p)];
+      const std::string& A = params_;
       if (n.op == Prim::iota)
         rhs = "(" + type + ")(" + index(slot_of(id, SlotRole::rand)) + ")";
       else if (n.op == Prim::rand)
-        rhs = "(" + type + ")kiln_philox_uniform(A[" + std::to_string(w) + "], A[" + std::to_string(w + 1) +
+        rhs = "(" + type + ")kiln_philox_uniform(" + A + "[" + std::to_string(w) + "], " + A + "[" + std::to_string(w + 1) +
               "] + (uint64_t)(" + index(slot_of(id, SlotRole::rand)) + "))";
       else
-        rhs = "(" + type + ")kiln_bits_to_f64(A[" + std::to_string(w) + "])";
+        rhs = "(" + type + ")kiln_bits_to_f64(" + A + "[" + std::to_string(w) + "])";
+    } else if (int q = other_param_of(id); q >= 0 && n.op != Prim::rand && n.op != Prim::iota) {
+      rhs = "(" + type + ")kiln_bits_to_f64(" + other_.array + "[" + std::to_string(other_.layout->param_words[size_t(q)]) + "])";
     } else if (n.op == Prim::cast) {
       rhs = "(" + type + ")(" + value(g_.arg(n, 0), out, indent, load, index) + ")";
     } else if (is_pointwise(n.op)) {
@@ -81,6 +84,11 @@ class ValueEmitter {
   }
   // Names a value computed elsewhere (a reduction's register).
   void bind(int id, std::string name) { names_[id] = std::move(name); }
+  // Where this kernel's params are read: its argument struct's words (A), or another array.
+  void params_from(std::string array) { params_ = std::move(array); }
+  // The scalar params of another kernel, whose arithmetic this one also does (a GEMM that computes
+  // a rows kernel's total: GpuVariant::total_kernel), read from `array`, that kernel's words.
+  void other_params(const sched::Kernel& k, const Layout& l, std::string array) { other_ = {&k, &l, std::move(array)}; }
   // Floating divisions by a value that is the same for the whole row (a reduction, or
   // arithmetic on reductions and scalars) become products with its reciprocal: one
   // division per row (the compiler hoists it) instead of one per element. The result may
@@ -123,6 +131,11 @@ class ValueEmitter {
       if (k_.params[p] == id) return int(p);
     return -1;
   }
+  int other_param_of(int id) const {
+    for (size_t p = 0; other_.kernel && p < other_.kernel->params.size(); ++p)
+      if (other_.kernel->params[p] == id) return int(p);
+    return -1;
+  }
 
   static std::string substitute(std::string_view src, const std::string* args) {
     std::string out;
@@ -142,6 +155,12 @@ class ValueEmitter {
   const sched::Kernel& k_;
   const Layout& l_;
   std::unordered_map<int, std::string> names_;
+  std::string params_ = "A";
+  struct {
+    const sched::Kernel* kernel = nullptr;
+    const Layout* layout = nullptr;
+    std::string array;
+  } other_;
   std::vector<uint8_t> row_value_;  // find_row_values: per node, the same for the whole row
   bool by_reciprocal_ = false;      // reciprocal_of_row_values
 
@@ -186,6 +205,12 @@ class MatmulEpilogue {
   MatmulEpilogue(const ir::Graph& g, const sched::Kernel& k, const Layout& l) : g_(g), k_(k), l_(l) {}
 
   DType dtype() const { return g_.nodes[size_t(k_.domain)].dtype; }
+  // GpuVariant::total_kernel: every element stored also adds `node`, a pointwise value over the
+  // epilogue's (the rows kernel `rows`'s arithmetic, its params read from TA, its words), into
+  // the register `acc`.
+  void total(int node, const sched::Kernel& rows, const Layout& rows_layout, std::string acc) {
+    total_ = {node, &rows, &rows_layout, std::move(acc)};
+  }
   // `batch`: a flat index over the dims before the last two; `restrict_kw`: the dialect's spelling.
   std::string prelude(const std::string& batch, const std::string& restrict_kw, const std::string& ind) const {
     std::string s = ind + "const int64_t* est = sz + nd;\n", acc;
@@ -331,6 +356,10 @@ class MatmulEpilogue {
       std::string val = ve.value(k_.stores[s].value, body, ind, a.load, a.index);
       tail += ind + a.store(slot_of_store(int(s)), to_storage(g_.nodes[size_t(k_.stores[s].buffer)].dtype, val)) + ";\n";
     }
+    if (total_.node >= 0) {
+      ve.other_params(*total_.rows, *total_.layout, "TA");
+      tail += ind + total_.acc + " += " + ve.value(total_.node, body, ind, a.load, a.index) + ";\n";
+    }
     return body + tail;
   }
   std::string emit_store(const std::string& row, const std::string& col, const std::string& v, const std::string& ind, bool unit_cols,
@@ -362,6 +391,12 @@ class MatmulEpilogue {
   const ir::Graph& g_;
   const sched::Kernel& k_;
   const Layout& l_;
+  struct {
+    int node = -1;
+    const sched::Kernel* rows = nullptr;
+    const Layout* layout = nullptr;
+    std::string acc;
+  } total_;
 };
 
 // A matmul operand's prologue (Kernel::prologue_slot) as a function of one element x of

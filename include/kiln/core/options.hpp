@@ -36,6 +36,14 @@
 //                    kernels, not the plan. NOTE: off because on an H200 it made W4's step
 //                    0.36-0.46 ms longer back to back (7 kernels against 9, three rounds;
 //                    docs/benchmarks.md, thirty-seventh session).
+//   gemm_totals      on a GPU, a rows kernel that sums a pointwise function of every element of a
+//                    matrix that a GEMM stores, to one value (a loss: mean(y * y) over y = h @ W2
+//                    + b2), is computed by that GEMM: each thread that stores its tiles adds
+//                    the function of each element it stores into a register, and the grid's
+//                    warps meet once at the kernel's end (wgmma), instead of a rows kernel
+//                    reading the matrix again after the GEMM (off by default; KILN_GEMM_TOTALS=1).
+//                    The sum is of the matrix's values as computed, before their rounding to its
+//                    dtype, as a fused kernel's values are. Decides each call's kernels, not the plan.
 //   programmatic_launch on an NVIDIA GPU of sm_90 or later, in a call of fewer than two large
 //                    kernels, each generated kernel is launched so that it may start before
 //                    the kernel before it on its stream has finished (programmatic dependent
@@ -112,6 +120,10 @@ inline std::atomic<bool>& gemm_operand_sums_flag() {
   static std::atomic<bool> on{env_switch("KILN_GEMM_OPERAND_SUMS", false)};
   return on;
 }
+inline std::atomic<bool>& gemm_totals_flag() {
+  static std::atomic<bool> on{env_switch("KILN_GEMM_TOTALS", false)};
+  return on;
+}
 inline std::atomic<bool>& programmatic_launch_flag() {
   static std::atomic<bool> on{env_switch("KILN_PROGRAMMATIC_LAUNCH", true)};
   return on;
@@ -152,6 +164,9 @@ inline void set_gemm_column_sums(bool on) { detail::gemm_column_sums_flag().stor
 
 inline bool gemm_operand_sums() { return detail::gemm_operand_sums_flag().load(std::memory_order_relaxed); }
 inline void set_gemm_operand_sums(bool on) { detail::gemm_operand_sums_flag().store(on, std::memory_order_relaxed); }
+
+inline bool gemm_totals() { return detail::gemm_totals_flag().load(std::memory_order_relaxed); }
+inline void set_gemm_totals(bool on) { detail::gemm_totals_flag().store(on, std::memory_order_relaxed); }
 
 inline bool gemm_split_tail() { return detail::gemm_split_tail_flag().load(std::memory_order_relaxed); }
 inline void set_gemm_split_tail(bool on) { detail::gemm_split_tail_flag().store(on, std::memory_order_relaxed); }

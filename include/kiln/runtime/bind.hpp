@@ -24,6 +24,8 @@ struct KernelArgs {
   std::vector<codegen::Stride> strides;
   int64_t work = 0;  // elements in the domain (0: nothing to launch)
   void* column_sums = nullptr;  // matmul: where its GEMM stores a rows kernel's sums (GpuVariant::colsum_slot)
+  void* total = nullptr;        // matmul: where its GEMM stores a rows kernel's total (GpuVariant::total_kernel)
+  std::vector<uint64_t> total_words;  // and that rows kernel's params
   // meta is [nd, no (matmul: K), sizes[nd], strides[slot][nd]]: dim d's size, slot's stride there.
   int64_t size(int d) const { return meta[size_t(2 + d)]; }
   int64_t stride(size_t slot, int d) const { return meta[size_t(2 + meta[0]) + slot * size_t(meta[0]) + size_t(d)]; }

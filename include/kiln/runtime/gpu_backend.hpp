@@ -392,6 +392,7 @@ inline void set_gemm(codegen::GpuVariant& v, const codegen::GemmConfig& c, const
   v.gemm = c, v.gemm_ops = p.ops, v.stage = 0;
   if (v.colsum_of_b ? !codegen::gemm_sums_b(c, p.ops, p.dtype) : !codegen::gemm_sums_columns(c))
     v.colsum_slot = v.colsum_kernel = -1, v.colsum_of_b = false;
+  if (!codegen::gemm_sums_total(c)) v.total_kernel = -1, v.total_words = 0;
   if (c.kind == codegen::GemmKind::wgmma && p.dtype == DType::f32) {
     v.stage = uint8_t((p.ops.a_k_major ? 0 : 1) | (p.ops.b_k_major ? 0 : 2));
     v.gemm_ops.a_k_major = v.gemm_ops.b_k_major = true;
@@ -581,15 +582,23 @@ inline size_t gpu_workspace_words(const sched::Kernel& k, const codegen::GpuVari
 // and split-tail GEMMs the workspace (partials, counters), and for a GEMM that stages operands
 // their buffers (GpuVariant::stage), into `block`.
 inline void gpu_arg_block(const codegen::Layout& l, const KernelArgs& a, const codegen::GpuVariant& v, const uint64_t* workspace,
-                          const uint64_t* staged, std::vector<uint64_t>& block) {
+                          const uint64_t* staged, std::vector<uint64_t>& block, const uint64_t* total_workspace = nullptr) {
   size_t ns = std::max<size_t>(l.slots.size(), 1), nm = codegen::GpuKernelWriter::meta_words(l), nw = size_t(std::max(l.words, 1)),
-         ncs = v.colsum_slot >= 0 ? codegen::kGpuColumnSumWords : 0, nws = v.workspace() ? codegen::kGpuSplitWords : 0;
-  block.assign(ns + nm + nw + ncs + nws + (v.stage ? codegen::kGpuStageWords : 0), 0);
+         ncs = v.colsum_slot >= 0 ? codegen::kGpuColumnSumWords : 0, nws = v.workspace() ? codegen::kGpuSplitWords : 0,
+         ntt = v.total_kernel >= 0 ? size_t(codegen::kGpuTotalWords + v.total_words) : 0, nst = v.stage ? codegen::kGpuStageWords : 0;
+  block.assign(ns + nm + nw + ncs + ntt + nws + nst + (ntt ? codegen::kGpuSplitWords : 0), 0);
   if (ncs) {
     if (!a.column_sums) throw Error("kiln: internal error: a GEMM that computes column sums has nowhere to store them");
     block[ns + nm + nw] = reinterpret_cast<uint64_t>(a.column_sums);
   }
-  nw += ncs;  // the workspace's words and the staged operands' follow
+  if (ntt) {  // its destination and the rows kernel's params; its workspace last
+    if (!a.total || a.total_words.size() != size_t(v.total_words))
+      throw Error("kiln: internal error: a GEMM that computes a total has nowhere to store it");
+    block[ns + nm + nw + ncs] = reinterpret_cast<uint64_t>(a.total);
+    std::copy(a.total_words.begin(), a.total_words.end(), block.begin() + ptrdiff_t(ns + nm + nw + ncs + codegen::kGpuTotalWords));
+    if (total_workspace) std::copy(total_workspace, total_workspace + codegen::kGpuSplitWords, block.end() - codegen::kGpuSplitWords);
+  }
+  nw += ncs + ntt;  // the workspace's words and the staged operands' follow
   for (size_t i = 0; i < a.ptrs.size(); ++i) block[i] = reinterpret_cast<uint64_t>(a.ptrs[i]);
   if (a.meta.size() > nm) throw Error("kiln: internal error: kernel metadata exceeds its argument block");
   for (size_t i = 0; i < a.meta.size(); ++i) block[ns + i] = uint64_t(a.meta[i]);
@@ -658,11 +667,11 @@ inline Hash128 variant_key(const std::vector<codegen::GpuVariant>& vars) {
   for (const codegen::GpuVariant& v : vars) {
     if (!v.strides.empty()) vh.add(v.strides.data(), v.strides.size());
     const codegen::GemmConfig& gc = v.gemm;
-    int32_t w[42] = {v.vec, v.group, v.persist, v.split, v.threads, int(gc.kind), gc.bm, gc.bn, gc.bk, gc.wm, gc.wn, gc.stages,
+    int32_t w[44] = {v.vec, v.group, v.persist, v.split, v.threads, int(gc.kind), gc.bm, gc.bn, gc.bk, gc.wm, gc.wn, gc.stages,
                      gc.persistent, gc.split_epilogue, v.gemm_ops.a_k_major, v.gemm_ops.b_k_major, v.cols, v.epilogue_vec, v.vec_rows,
                      v.resident, v.stream, v.exact, int32_t(v.whole), v.rank, v.outer_rank, gc.group, gc.split_tail, gc.cluster,
                      v.prologue, v.skip, gc.k_slices, gc.split_k, v.stage, v.colsum_slot, int32_t(v.colsum_dtype), int32_t(v.keep),
-                     v.colsum_of_b, gc.tail_parts, v.preload, gc.dynamic, gc.serpentine, gc.group_across};
+                     v.colsum_of_b, gc.tail_parts, v.preload, gc.dynamic, gc.serpentine, gc.group_across, v.total_kernel, v.total_words};
     vh.add(w, sizeof w);
   }
   return vh.digest();
@@ -680,13 +689,60 @@ inline Hash128 variant_key(const std::vector<codegen::GpuVariant>& vars) {
 //    it has stored the tile (wgmma, not a split tail).
 // The rows kernel is then not launched. One such sum per GEMM. The other kinds, and the CPU,
 // launch the rows kernel.
+// Whether node id is a pointwise function of node e and of kernel R's scalar params alone.
+inline bool pointwise_of(const ir::Graph& g, const sched::Kernel& R, int id, int e) {
+  if (id == e) return true;
+  const ir::Node& n = g.nodes[size_t(id)];
+  if (std::find(R.params.begin(), R.params.end(), id) != R.params.end()) return n.op != Prim::rand && n.op != Prim::iota;
+  if (!(is_pointwise(n.op) || n.op == Prim::cast) || n.nargs == 0) return false;
+  for (int a = 0; a < n.nargs; ++a)
+    if (!pointwise_of(g, R, g.arg(n, a), e)) return false;
+  return true;
+}
+// Which rows kernels' totals their GEMM computes (GpuVariant::total_kernel; kiln::gemm_totals, off
+// by default): a rows kernel whose one reduction sums f(e) over every element of a matrix e, f
+// pointwise over e and the kernel's scalar params (a loss: mean(y * y), its scale a param), in
+// f32, and stores one value computed from that sum and its params, where a wgmma GEMM of fixed
+// tiles (gemm_sums_total; not a vendor GEMM: `by_library`) stores e whole. That rows kernel is
+// then not launched.
+inline void assign_totals(const ir::Graph& g, const CompiledPlan& cp, GpuCall& c, const std::vector<uint8_t>* by_library) {
+  const auto& kernels = cp.plan.kernels;
+  for (size_t r = 0; r < kernels.size(); ++r) {
+    const sched::Kernel& R = kernels[r];
+    if (R.kind != sched::KernelKind::rows || R.reduces.size() != 1 || R.loads.size() != 1 || R.stores.size() != 1 || c.args[r].work == 0)
+      continue;
+    const int e = R.loads[0];
+    const ir::Node& red = g.nodes[size_t(R.reduces[0])];
+    const int f = g.arg(red, 0);
+    const ir::Node& fn = g.nodes[size_t(f)];
+    if (red.op != Prim::sum || red.dtype != DType::f32 || red.axes != (1u << fn.rank) - 1 || fn.numel() != g.nodes[size_t(e)].numel() ||
+        g.nodes[size_t(R.stores[0].buffer)].numel() != 1 || R.stores[0].into != sched::StoreInto::whole || !pointwise_of(g, R, f, e))
+      continue;
+    for (size_t k = 0; k < kernels.size(); ++k) {
+      const sched::Kernel& K = kernels[k];
+      codegen::GpuVariant& v = c.vars[k];
+      if (K.kind != sched::KernelKind::matmul || c.args[k].work == 0 || v.total_kernel >= 0 || (by_library && (*by_library)[k]) ||
+          !codegen::gemm_sums_total(v.gemm) || g.nodes[size_t(K.domain)].numel() != g.nodes[size_t(e)].numel())
+        continue;
+      const bool stores_e = std::any_of(K.stores.begin(), K.stores.end(), [&](const sched::Store& s) {
+        return s.buffer == e && s.value == e && s.into == sched::StoreInto::whole;
+      });
+      if (!stores_e) continue;
+      v.total_kernel = int(r), v.total_words = cp.layouts[r].words;
+      c.vars[r].skip = true;
+      break;
+    }
+  }
+}
+
 inline void assign_column_sums(const ir::Graph& g, const CompiledPlan& cp, GpuCall& c, const std::vector<uint8_t>* by_library = nullptr) {
   const auto& kernels = cp.plan.kernels;
   for (size_t k = 0; k < kernels.size(); ++k) {
     codegen::GpuVariant& v = c.vars[k];
-    if (kernels[k].kind == sched::KernelKind::matmul) v.colsum_slot = v.colsum_kernel = -1, v.colsum_of_b = false;
+    if (kernels[k].kind == sched::KernelKind::matmul) v.colsum_slot = v.colsum_kernel = v.total_kernel = -1, v.colsum_of_b = false, v.total_words = 0;
     if (kernels[k].kind == sched::KernelKind::rows) v.skip = false;
   }
+  if (gemm_totals()) assign_totals(g, cp, c, by_library);
   if (!gemm_column_sums() && !gemm_operand_sums()) return;
   for (size_t r = 0; r < kernels.size(); ++r) {
     const sched::Kernel& R = kernels[r];
@@ -743,15 +799,20 @@ inline void assign_column_sums(const ir::Graph& g, const CompiledPlan& cp, GpuCa
     }
   }
 }
-// Points each GEMM that computes a rows kernel's sums at that kernel's output, for this call.
+// Points each GEMM that computes a rows kernel's sums or total at that kernel's output (a total's
+// GEMM takes its params too), for this call.
 inline void link_column_sums(const CompiledPlan& cp, GpuCall& c) {
+  auto output = [&](int r) -> void* {
+    const auto& slots = cp.layouts[size_t(r)].slots;
+    for (size_t i = 0; i < slots.size(); ++i)
+      if (slots[i].role == codegen::SlotRole::store) return c.args[size_t(r)].ptrs[i];
+    return nullptr;
+  };
   for (size_t k = 0; k < c.vars.size(); ++k) {
-    c.args[k].column_sums = nullptr;
-    if (const int r = c.vars[k].colsum_kernel; r >= 0) {
-      const auto& slots = cp.layouts[size_t(r)].slots;
-      for (size_t i = 0; i < slots.size(); ++i)
-        if (slots[i].role == codegen::SlotRole::store) c.args[k].column_sums = c.args[size_t(r)].ptrs[i];
-    }
+    KernelArgs& a = c.args[k];
+    a.column_sums = a.total = nullptr, a.total_words.clear();
+    if (const int r = c.vars[k].colsum_kernel; r >= 0) a.column_sums = output(r);
+    if (const int r = c.vars[k].total_kernel; r >= 0) a.total = output(r), a.total_words = c.args[size_t(r)].words;
   }
 }
 
@@ -835,8 +896,10 @@ inline StreamSchedule schedule_streams(const sched::Plan& p, const GpuCall& call
   // kernel depended on).
   std::vector<std::vector<int>> reads(n);
   std::vector<int> summed_by(n, -1);
-  for (size_t k = 0; k < n; ++k)
+  for (size_t k = 0; k < n; ++k) {
     if (call.vars[k].colsum_kernel >= 0) summed_by[size_t(call.vars[k].colsum_kernel)] = int(k);
+    if (call.vars[k].total_kernel >= 0) summed_by[size_t(call.vars[k].total_kernel)] = int(k);
+  }
   std::vector<uint8_t> read_later(n, 0);
   for (size_t k = 0; k < n; ++k) {
     for (int d : kernels[k].deps) {
@@ -914,6 +977,7 @@ inline void variant_inputs(const std::vector<KernelArgs>& args, std::vector<int6
   out.push_back(gpu_rows_preload().load(std::memory_order_relaxed));
   out.push_back(allow_tf32());
   out.push_back(gemm_column_sums());
+  out.push_back(gemm_totals());
   out.push_back(gemm_operand_sums());
   out.push_back(gemm_split_tail());
   out.push_back(gemm_dynamic_tiles());
@@ -1237,14 +1301,15 @@ class GpuBackend final : public Backend {
                            uint8_t stream = StreamSchedule::kMain) {
     const auto& props = dev.properties();
     GpuLaunch L = gpu_launch_shape(kernel, args, v, props.sm_count, props.warp_size);
-    uint64_t ws[codegen::kGpuSplitWords] = {}, st[codegen::kGpuStageWords] = {};
+    uint64_t ws[codegen::kGpuSplitWords] = {}, st[codegen::kGpuStageWords] = {}, tw[codegen::kGpuSplitWords] = {};
+    if (v.total_kernel >= 0) total_workspace(dev, kernel, v, L, tw);
     if (v.colsum_slot >= 0 && !v.colsum_of_b) {
       column_sum_workspace(dev, kernel, args, v, ws);
     } else if (v.workspace()) {
       split_workspace(dev, gpu_workspace_words(kernel, v, args, L, props.warp_size, props.sm_count), L.grid.x * L.grid.z, ws, stream);
     }
     if (v.stage) stage_buffers(dev, args, v, st), staging = gpu_stage_launch(args, v);
-    gpu_arg_block(layout, args, v, ws, st, block);
+    gpu_arg_block(layout, args, v, ws, st, block, tw);
     if (v.gemm.kind == codegen::GemmKind::wgmma) Api::tensor_maps(args, v, st, maps);
     return L;
   }
@@ -1599,11 +1664,19 @@ class GpuBackend final : public Backend {
                    size_t(tiles_m * args.size(1)) * 4, size_t(tiles_n) * 4, ws);
   }
 
+  // A GEMM's total (GpuVariant::total_kernel): a float for each warp of the grid that stores
+  // tiles and one counter, the kernel's own (zero between launches).
+  void total_workspace(Device& dev, const sched::Kernel& kernel, const codegen::GpuVariant& v, const GpuLaunch& L, uint64_t* ws) {
+    const size_t warps = size_t(L.grid.x) * L.grid.z * size_t(codegen::wgmma_epilogue_warps(v.gemm));
+    std::lock_guard lock(mu_);
+    grow_workspace(totals_[{dev.ordinal(), &kernel}], kiln::Device{Api::kind, dev.ordinal()}, warps * 4, 4, ws);
+  }
+
   const uint64_t serial_ = next_serial();
   std::mutex mu_;
   std::unordered_map<Hash128, Loaded, Hash128Hasher> cache_;
   std::unordered_map<int, Workspace> workspaces_[3];  // per stream of a call (StreamSchedule), per device
-  std::map<std::pair<int, const sched::Kernel*>, Workspace> column_sums_;
+  std::map<std::pair<int, const sched::Kernel*>, Workspace> column_sums_, totals_;
 };
 
 namespace detail {

@@ -72,7 +72,7 @@ inline void precompile(const ir::Graph& g, const CompiledPlan& cp, const std::ve
           changed = true;
         }
       }
-      if (pass == 0 && (gemm_column_sums() || gemm_operand_sums())) {  // the GEMMs that compute a rows kernel's sums (as the backend decides)
+      if (pass == 0 && (gemm_column_sums() || gemm_operand_sums() || gemm_totals())) {  // the GEMMs that compute a rows kernel's sums (as the backend decides)
         GpuCall c;
         c.args = args, c.vars = std::move(vars);
         assign_column_sums(g, cp, c);

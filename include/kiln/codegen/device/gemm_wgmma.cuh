@@ -310,3 +310,35 @@ KILN_FN float kiln_colsum_total(const float* part, int64_t col, int64_t N, int64
   for (int j = 0; t < tiles; ++t, ++j) a[j] += __ldcg(part + t * N + col);
   return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
 }
+// A GEMM's total (GpuVariant::total_kernel): warp `slot` of the grid's `warps` that stored tiles
+// leaves its lanes' sums, met by shuffles, in slot `slot` of the partials tw[0]; the last warp to
+// arrive (the counter tw[1]) adds every slot in a fixed order, so the total is the same on every
+// run, zeroes the counter for the next launch and returns true with it in `total` (every lane).
+KILN_FN bool kiln_total_last(float v, const kiln_u64* tw, unsigned slot, unsigned warps, float& total) {
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  float* const part = (float*)tw[0];
+  unsigned* const count = (unsigned*)tw[1];
+  unsigned last = 0;
+  if (threadIdx.x % 32 == 0) {
+    part[slot] = v;
+    __threadfence();
+    last = atomicAdd(count, 1u) == warps - 1;
+  }
+  if (!__shfl_sync(0xffffffffu, last, 0)) return false;
+  __threadfence();
+  float a[4] = {0.f, 0.f, 0.f, 0.f};  // four loads in flight (indexed by constants: registers)
+  unsigned i = threadIdx.x % 32;
+  for (; i + 96 < warps; i += 128)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) a[j] += __ldcg(part + i + 32 * j);
+#pragma unroll
+  for (int j = 0; j < 3; ++j)
+    if (i + 32 * j < warps) a[j] += __ldcg(part + i + 32 * j);
+  float s = (a[0] + a[1]) + (a[2] + a[3]);
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
+  if (threadIdx.x % 32 == 0) *count = 0;
+  total = s;
+  return true;
+}
