@@ -692,7 +692,7 @@ void check_ordered(const Dispatch& d, const FakeGpuDevice& dev) {
       deps.pop_back();
       if (launches_of[size_t(dep)].empty()) deps.insert(deps.end(), kernels[size_t(dep)].deps.begin(), kernels[size_t(dep)].deps.end());
       for (size_t g = 0; g < d.vars.size(); ++g)
-        if (d.vars[g].colsum_kernel == dep)
+        if (d.vars[g].colsum_kernel == dep || d.vars[g].total_kernel == dep)
           for (size_t j : launches_of[g]) CHECK(ran_before(j));
       for (size_t j : launches_of[size_t(dep)]) CHECK(ran_before(j));
     }
@@ -796,6 +796,12 @@ TEST_CASE("GPU dispatch: with totals in the GEMMs (kiln::gemm_totals) W4's step 
   CHECK(totals == 1);
   // Only the loss's kernel is skipped.
   CHECK(std::count_if(on.vars.begin(), on.vars.end(), [](const codegen::GpuVariant& v) { return v.skip; }) == 1);
+  // With kiln::idle_fill too, the leaves left (db1, db2) still follow the GEMMs that make what they read.
+  set_gemm_totals(true), set_idle_fill(true);
+  Dispatch fill = w4_dispatch(backend, st);
+  set_gemm_totals(false), set_idle_fill(false);
+  const FakeGpuDevice& dev = FakeGpuApi::device(0);
+  CHECK(std::count_if(dev.launched.begin(), dev.launched.end(), [](const auto& l) { return l.stream == 2; }) == 2);
 }
 
 TEST_CASE("GPU dispatch: with B's column sums in the GEMMs (kiln::gemm_operand_sums) W4's step launches two kernels fewer; "

@@ -933,14 +933,6 @@ inline StreamSchedule schedule_streams(const sched::Plan& p, const GpuCall& call
       prev = int(k);
     }
     s.runs_on[k] = on, any |= on != s.kMain;
-    // The latest kernel it reads on each other stream (no kernel reads a leaf).
-    for (uint8_t from : {s.kMain, s.kSide}) {
-      if (from == on) continue;
-      int need = -1;
-      for (int d : reads[k])
-        if (s.runs_on[size_t(d)] == from) need = std::max(need, d);
-      if (need > waited[on][from]) s.wait[k][from] = need, s.record[size_t(need)] = 1, waited[on][from] = need;
-    }
   }
   if (!any) return StreamSchedule{};
   if (s.fill) {
@@ -954,6 +946,22 @@ inline StreamSchedule schedule_streams(const sched::Plan& p, const GpuCall& call
         s.order.push_back(k);
         s.order.insert(s.order.end(), leaves_after[k].begin(), leaves_after[k].end());
       }
+  }
+  // Each kernel waits for the latest kernel it reads on each other stream (no kernel reads a
+  // leaf), unless a kernel launched before it on its stream already did. NOTE: in launch order,
+  // not the plan's: a leaf launched early (W4's db2, right after dy's GEMM) must not count on
+  // the wait of one that follows it on the fill stream (db1's, for a later GEMM).
+  for (size_t i = 0; i < n; ++i) {
+    const size_t k = s.at(i);
+    if (!call.launches(k)) continue;
+    const uint8_t on = s.runs_on[k];
+    for (uint8_t from : {s.kMain, s.kSide}) {
+      if (from == on) continue;
+      int need = -1;
+      for (int d : reads[k])
+        if (s.runs_on[size_t(d)] == from) need = std::max(need, d);
+      if (need > waited[on][from]) s.wait[k][from] = need, s.record[size_t(need)] = 1, waited[on][from] = need;
+    }
   }
   return s;
 }
