@@ -46,10 +46,11 @@ struct OperandSumsOn {
   OperandSumsOn() { set_gemm_operand_sums(true); }
   ~OperandSumsOn() { set_gemm_operand_sums(false); }
 };
-// kiln::gemm_totals on for the scope (off by default).
+// kiln::gemm_totals on for the scope (kiln's default; KILN_GEMM_TOTALS=0 turns it off).
 struct TotalsOn {
+  const bool was = gemm_totals();
   TotalsOn() { set_gemm_totals(true); }
-  ~TotalsOn() { set_gemm_totals(false); }
+  ~TotalsOn() { set_gemm_totals(was); }
 };
 
 template <class DT, int R>
@@ -1036,7 +1037,7 @@ TEST_CASE("a sum of a function of every element of a matrix a Hopper GEMM stores
   CHECK(!rows_skipped(cuda_program(90, y, kiln::sum(yf * yf, 1))));
   CHECK(!rows_skipped(cuda_program(90, y, kiln::sum((yf - kiln::cast<f32>(t)) * yf))));
   CHECK(!rows_skipped(cuda_program(90, y, kiln::sum(kiln::cast<f64>(yf)))));
-  set_gemm_totals(false);  // (kiln's default)
+  set_gemm_totals(false);  // KILN_GEMM_TOTALS=0
   GpuProgram off = cuda_program(90, y, loss);
   set_gemm_totals(true);
   CHECK(!rows_skipped(off));

@@ -723,6 +723,12 @@ struct OperandSumsOn {
   OperandSumsOn() { set_gemm_operand_sums(true); }
   ~OperandSumsOn() { set_gemm_operand_sums(false); }
 };
+// kiln::gemm_totals off for the scope (on by default): W4's loss a rows kernel of its own.
+struct TotalsOff {
+  const bool was = gemm_totals();
+  TotalsOff() { set_gemm_totals(false); }
+  ~TotalsOff() { set_gemm_totals(was); }
+};
 // W4's step (bench/w4.hpp) on random host tensors: (loss, dx, dW1, db1, dW2, db2).
 auto w4_step(Rng& rng, int64_t M, int64_t K, int64_t H) {
   auto x = host<bf16>(rng, Shape<2>{M, K}), W1 = host<bf16>(rng, Shape<2>{K, H}), W2 = host<bf16>(rng, Shape<2>{H, K});
@@ -745,6 +751,7 @@ TEST_CASE("GPU dispatch: with column sums in the GEMMs (kiln::gemm_column_sums) 
   KILN_TEST_RNG(rng);
   FakeGpuBackend backend;
   FakeGpuDevice& dev = FakeGpuApi::device(0);  // an sm_90: wgmma GEMMs
+  TotalsOff rows_loss;  // the sums alone
   const auto st = w4_step(rng, 2048, 2048, 4096);
   Dispatch off = w4_dispatch(backend, st);
   set_gemm_column_sums(true);
@@ -773,10 +780,11 @@ TEST_CASE("GPU dispatch: with totals in the GEMMs (kiln::gemm_totals) W4's step 
   KILN_TEST_RNG(rng);
   FakeGpuBackend backend;
   const auto st = w4_step(rng, 2048, 2048, 4096);
+  REQUIRE(gemm_totals());  // on by default
+  set_gemm_totals(false);
   Dispatch off = w4_dispatch(backend, st);
   set_gemm_totals(true);
   Dispatch on = w4_dispatch(backend, st);  // a repeat call: the switch is among its inputs
-  set_gemm_totals(false);
   CHECK(on.launches.size() + 1 == off.launches.size());
   const auto& kernels = on.plan->plan.kernels;
   int totals = 0;
@@ -797,9 +805,9 @@ TEST_CASE("GPU dispatch: with totals in the GEMMs (kiln::gemm_totals) W4's step 
   // Only the loss's kernel is skipped.
   CHECK(std::count_if(on.vars.begin(), on.vars.end(), [](const codegen::GpuVariant& v) { return v.skip; }) == 1);
   // With kiln::idle_fill too, the leaves left (db1, db2) still follow the GEMMs that make what they read.
-  set_gemm_totals(true), set_idle_fill(true);
+  set_idle_fill(true);
   Dispatch fill = w4_dispatch(backend, st);
-  set_gemm_totals(false), set_idle_fill(false);
+  set_idle_fill(false);
   const FakeGpuDevice& dev = FakeGpuApi::device(0);
   CHECK(std::count_if(dev.launched.begin(), dev.launched.end(), [](const auto& l) { return l.stream == 2; }) == 2);
 }
@@ -1096,6 +1104,7 @@ TEST_CASE("GPU dispatch: kiln::idle_fill runs a training step's leaves (the loss
     Fill() { set_idle_fill(true); }
     ~Fill() { set_idle_fill(false); }
   };
+  TotalsOff rows_loss;  // three leaves: the loss's sum a rows kernel of its own
   const auto large = w4_step(rng, 2048, 2048, 4096), small = w4_step(rng, 64, 96, 128);
   auto filling = [&] { return std::count_if(dev.launched.begin(), dev.launched.end(), [](const auto& l) { return l.stream == 2; }); };
   REQUIRE(!idle_fill());  // off by default

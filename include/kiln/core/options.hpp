@@ -41,9 +41,12 @@
 //                    + b2), is computed by that GEMM: each thread that stores its tiles adds
 //                    the function of each element it stores into a register, and the grid's
 //                    warps meet once at the kernel's end (wgmma), instead of a rows kernel
-//                    reading the matrix again after the GEMM (off by default; KILN_GEMM_TOTALS=1).
+//                    reading the matrix again after the GEMM (on by default; KILN_GEMM_TOTALS=0).
 //                    The sum is of the matrix's values as computed, before their rounding to its
 //                    dtype, as a fused kernel's values are. Decides each call's kernels, not the plan.
+//                    NOTE: on two H100s W4's step ran 0.4-2.0% faster back to back with it in each
+//                    of six rounds, the loss 4.8e-5 from float64 against 5.1e-5 (docs/benchmarks.md,
+//                    fifty-sixth session); not yet timed on an H200.
 //   programmatic_launch on an NVIDIA GPU of sm_90 or later, in a call of fewer than two large
 //                    kernels, each generated kernel is launched so that it may start before
 //                    the kernel before it on its stream has finished (programmatic dependent
@@ -121,7 +124,7 @@ inline std::atomic<bool>& gemm_operand_sums_flag() {
   return on;
 }
 inline std::atomic<bool>& gemm_totals_flag() {
-  static std::atomic<bool> on{env_switch("KILN_GEMM_TOTALS", false)};
+  static std::atomic<bool> on{env_switch("KILN_GEMM_TOTALS", true)};
   return on;
 }
 inline std::atomic<bool>& programmatic_launch_flag() {
