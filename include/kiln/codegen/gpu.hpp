@@ -110,7 +110,7 @@ struct GpuVariant {
   // this GEMM computes: the threads that store its tiles add the function of each element into
   // a register; at the kernel's end each warp leaves its sum in the workspace and the last warp
   // to arrive adds them all, in order, and stores the rows kernel's output (runtime's
-  // assign_column_sums; that kernel is then skipped). Its words (`tt`, after the column sums'):
+  // assign_totals; that kernel is then skipped). Its words (`tt`, after the column sums'):
   // the destination, then the rows kernel's params (`total_words` of them); its workspace's
   // (`tw`) end the argument struct. -1: none.
   int total_kernel = -1;

@@ -716,7 +716,8 @@ inline void assign_totals(const ir::Graph& g, const CompiledPlan& cp, GpuCall& c
     const int f = g.arg(red, 0);
     const ir::Node& fn = g.nodes[size_t(f)];
     if (red.op != Prim::sum || red.dtype != DType::f32 || red.axes != (1u << fn.rank) - 1 || fn.numel() != g.nodes[size_t(e)].numel() ||
-        g.nodes[size_t(R.stores[0].buffer)].numel() != 1 || R.stores[0].into != sched::StoreInto::whole || !pointwise_of(g, R, f, e))
+        g.nodes[size_t(R.stores[0].buffer)].numel() != 1 || R.stores[0].into != sched::StoreInto::whole || !pointwise_of(g, R, f, e) ||
+        !pointwise_of(g, R, R.stores[0].value, R.reduces[0]))
       continue;
     for (size_t k = 0; k < kernels.size(); ++k) {
       const sched::Kernel& K = kernels[k];
