@@ -1077,10 +1077,11 @@ TEST_CASE("a sum over the rows of a Hopper GEMM's B operand (a bias's gradient b
     auto loss = kiln::mean(y * y);
     auto [gx, gw, gb] = kiln::grad(loss, x, w, b);
     GpuProgram p = cuda_program(90, loss, gx, gw, gb);
-    int of_b = 0, skipped = 0;
-    for (const auto& v : p.vars) of_b += v.colsum_of_b, skipped += v.skip;
+    int of_b = 0, skipped = 0, totals = 0;
+    for (const auto& v : p.vars) of_b += v.colsum_of_b, skipped += v.skip, totals += v.total_kernel >= 0;
     CHECK(of_b == 1);
-    CHECK(skipped == 1);
+    CHECK(totals == 1);  // the loss in y's GEMM (kiln::gemm_totals, on by default)
+    CHECK(skipped == 2);  // db's rows kernel and the loss's
   }
   // Each wgmma config forced: a tile a block, persistent, in clusters of two; not the split
   // epilogue (its warps are the epilogue's), not a split tail (a tile's K in several blocks).
