@@ -108,11 +108,11 @@ struct GemmColumnSums {
 };
 
 // GpuVariant::total_kernel in a kernel's terms: the epilogue adds each element's term into the
-// register kiln_total of the thread that stores it (MatmulEpilogue::total); finish(slot, warps,
-// ind) gives the statements with which warp `slot` of the grid's `warps` that stored tiles hands
-// its sum over (kiln_total_last), the last to arrive storing the result.
+// register kiln_total of the thread that stores it (MatmulEpilogue::total); finish(warp,
+// block_warps, ind) gives the statements with which warp `warp` of the block's `block_warps` that
+// store tiles hands its sum over (kiln_total_last), the last of the grid's storing the result.
 struct GemmTotal {
-  std::function<std::string(const std::string& slot, const std::string& warps, const std::string& ind)> finish;
+  std::function<std::string(const std::string& warp, const std::string& block_warps, const std::string& ind)> finish;
 };
 // The warps of a block that store its tiles: the consumers', or a split epilogue's three.
 inline int wgmma_epilogue_warps(const GemmConfig& c) { return c.persistent && c.split_epilogue ? 3 : c.bm / c.wm * 4; }
@@ -340,8 +340,7 @@ class WgmmaWriter {
     }
     s += tiles_close("    ");
     if (total_.finish && !split)
-      s += total_.finish("(unsigned)((blockIdx.z * gridDim.x + blockIdx.x) * (CONSUMERS * 4) + (threadIdx.x - 128) / 32)",
-                         "(unsigned)(gridDim.x * gridDim.z * CONSUMERS * 4)", "    ");
+      s += total_.finish("(threadIdx.x - 128) / 32", "CONSUMERS * 4", "    ");
     s += "  }\n";
     // Clustered: no block leaves while another may still arrive on its barriers or copy into it.
     return cl > 1 ? s + "  kiln_cluster_sync();\n" : s;
@@ -431,7 +430,7 @@ class WgmmaWriter {
     s += "    kiln_mbar_arrive(stg_empty);\n    ++tiles_done;\n" + column_sums("t", "EPI", "    ");
     s += tiles_close("    ");
     if (total_.finish)
-      s += total_.finish("(unsigned)((blockIdx.z * gridDim.x + blockIdx.x) * (EPI / 32) + t / 32)", "(unsigned)(gridDim.x * gridDim.z * (EPI / 32))", "    ");
+      s += total_.finish("t / 32", "EPI / 32", "    ");
     return s;
   }
 

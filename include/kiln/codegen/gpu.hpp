@@ -889,7 +889,9 @@ class GpuKernelWriter {
         if (compute_type(red.dtype) != "float") throw Error("kiln: internal error: a GEMM's total in " + std::string(info(red.dtype).name));
         ep.total(g_.arg(red, 0), *total_, rows, "kiln_total");
         prelude += "  const uint64_t* const TA = (const uint64_t*)args.tt + " + std::to_string(kGpuTotalWords) + "; (void)TA;\n";
-        total.finish = [&](const std::string& slot, const std::string& warps, const std::string& ind) { return total_finish(rows, slot, warps, ind); };
+        total.finish = [&](const std::string& warp, const std::string& block_warps, const std::string& ind) {
+          return total_finish(rows, warp, block_warps, ind);
+        };
       }
       return WgmmaWriter(v_.gemm, v_.gemm_ops, ep.dtype(), store, group, sums, total).body(prelude);
     }
@@ -908,7 +910,7 @@ class GpuKernelWriter {
   std::string prologue_name(int operand) const { return name_ + (operand ? "_pb" : "_pa"); }
   // GpuVariant::total_kernel: the warp hands its sum over; the last warp's lane 0 computes the rows
   // kernel's output from the total (its own arithmetic and params, read from TA) and stores it.
-  std::string total_finish(const Layout& rows, const std::string& slot, const std::string& warps, const std::string& ind) const {
+  std::string total_finish(const Layout& rows, const std::string& warp, const std::string& block_warps, const std::string& ind) const {
     ValueEmitter ve(g_, *total_, rows);
     ve.params_from("TA");
     ve.bind(total_->reduces[0], "kiln_t");
@@ -917,7 +919,7 @@ class GpuKernelWriter {
     const sched::Store& st = total_->stores[0];
     const std::string v = ve.value(st.value, body, ind + "    ", none, none);
     const DType d = g_.nodes[size_t(st.buffer)].dtype;
-    return ind + "{\n" + ind + "  float kiln_t;\n" + ind + "  if (kiln_total_last(kiln_total, args.tw, " + slot + ", " + warps +
+    return ind + "{\n" + ind + "  float kiln_t;\n" + ind + "  if (kiln_total_last(kiln_total, args.tw, " + warp + ", " + block_warps +
            ", kiln_t) && lane == 0) {\n" + body + ind + "    *(" + storage_type(d) + "*)args.tt[0] = " + to_storage(d, v) + ";\n" + ind +
            "  }\n" + ind + "}\n";
   }

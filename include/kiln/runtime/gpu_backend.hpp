@@ -912,7 +912,7 @@ inline StreamSchedule schedule_streams(const sched::Plan& p, const GpuCall& call
       for (int d : reads[k]) read_later[size_t(d)] = 1;
   }
   s.runs_on.assign(n, s.kMain), s.wait.assign(n, {-1, -1}), s.record.assign(n, 0);
-  int prev = -1, waited[3][2] = {{-1, -1}, {-1, -1}, {-1, -1}};  // per stream, the latest kernel of kMain / kSide waited for
+  int prev = -1;
   bool any = false;
   for (size_t k = 0; k < n; ++k) {
     if (!call.launches(k)) continue;
@@ -952,6 +952,7 @@ inline StreamSchedule schedule_streams(const sched::Plan& p, const GpuCall& call
   // leaf), unless a kernel launched before it on its stream already did. NOTE: in launch order,
   // not the plan's: a leaf launched early (W4's db2, right after dy's GEMM) must not count on
   // the wait of one that follows it on the fill stream (db1's, for a later GEMM).
+  int waited[3][2] = {{-1, -1}, {-1, -1}, {-1, -1}};  // per stream, the latest kernel of kMain / kSide waited for
   for (size_t i = 0; i < n; ++i) {
     const size_t k = s.at(i);
     if (!call.launches(k)) continue;

@@ -310,11 +310,13 @@ KILN_FN float kiln_colsum_total(const float* part, int64_t col, int64_t N, int64
   for (int j = 0; t < tiles; ++t, ++j) a[j] += __ldcg(part + t * N + col);
   return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
 }
-// A GEMM's total (GpuVariant::total_kernel): warp `slot` of the grid's `warps` that stored tiles
-// leaves its lanes' sums, met by shuffles, in slot `slot` of the partials tw[0]; the last warp to
-// arrive (the counter tw[1]) adds every slot in a fixed order, so the total is the same on every
-// run, zeroes the counter for the next launch and returns true with it in `total` (every lane).
-KILN_FN bool kiln_total_last(float v, const kiln_u64* tw, unsigned slot, unsigned warps, float& total) {
+// A GEMM's total (GpuVariant::total_kernel): warp `warp` of the block's `block_warps` that store
+// tiles leaves its lanes' sums, met by shuffles, in its slot of the partials tw[0] (one a warp of
+// the grid); the last warp to arrive (the counter tw[1]) adds every slot in a fixed order, so the
+// total is the same on every run, zeroes the counter for the next launch and returns true with it
+// in `total` (every lane).
+KILN_FN bool kiln_total_last(float v, const kiln_u64* tw, unsigned warp, unsigned block_warps, float& total) {
+  const unsigned slot = (blockIdx.z * gridDim.x + blockIdx.x) * block_warps + warp, warps = gridDim.x * gridDim.z * block_warps;
 #pragma unroll
   for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
   float* const part = (float*)tw[0];
