@@ -1815,7 +1815,7 @@ TEST_CASE_TEMPLATE("GPU GEMM: a sum of a function of every element it stores (a 
           for (int64_t k = 0; k < K; ++k) acc += x.a.at({z, i, k}) * w.a.at({k, j}), m += std::fabs(x.a.at({z, i, k}) * w.a.at({k, j}));
           const double bj = b.a.v[size_t(j)];
           pre.at({z, i, j}) = acc + bj, mag.at({z, i, j}) = m + std::fabs(bj);
-          err_plain.at({z, i, j}) = double(K + 1) * 0x1p-24 * (m + std::fabs(bj));
+          err_plain.at({z, i, j}) = double(K + 1) * 0x1p-24 * mag.at({z, i, j});
           err_split.at({z, i, j}) = err_plain.at({z, i, j}) + u * std::fabs(acc);
         }
     // The totals' bounds from the elements': |d(y^2)| <= 2 |y| e + e^2, |d(y^2 / 2 + y)| <= (|y| + 1) e + e^2 / 2;

@@ -44,9 +44,10 @@
 //                    reading the matrix again after the GEMM (on by default; KILN_GEMM_TOTALS=0).
 //                    The sum is of the matrix's values as computed, before their rounding to its
 //                    dtype, as a fused kernel's values are. Decides each call's kernels, not the plan.
-//                    NOTE: on two H100s W4's step ran 0.4-2.0% faster back to back with it in each
-//                    of six rounds, the loss 4.8e-5 from float64 against 5.1e-5 (docs/benchmarks.md,
-//                    fifty-sixth session); not yet timed on an H200.
+//                    NOTE: on H100s W4's step ran 0.69% faster back to back with it and 1.23% as
+//                    torch_anchor.py times (medians of 33 rounds alternated), the loss 4.8e-5 from
+//                    float64 against 5.1e-5 (docs/benchmarks.md, fifty-sixth and fifty-seventh
+//                    sessions); not yet timed on an H200.
 //   programmatic_launch on an NVIDIA GPU of sm_90 or later, in a call of fewer than two large
 //                    kernels, each generated kernel is launched so that it may start before
 //                    the kernel before it on its stream has finished (programmatic dependent
