@@ -1022,18 +1022,6 @@ static std::string w4_step_bench() {
       }
     set(after);
   };
-  if (std::getenv("KILN_BENCH_COLSUM_AB"))  // db1 and db2 by rows kernels, and by their GEMMs
-    sums_ab("column sums in the GEMMs", set_gemm_column_sums, false, [&](const auto& o) {
-      const bool same = std::get<3>(o).to_vector() == std::get<3>(out).to_vector() && std::get<5>(o).to_vector() == std::get<5>(out).to_vector();
-      return std::string("db1 and db2 ") + (same ? "bit for bit" : "not bit for bit") + " the first run's";
-    });
-  if (std::getenv("KILN_BENCH_OPSUM_AB"))  // db1 and db2 by rows kernels, and by the dW GEMMs from their B operands
-    sums_ab("B's column sums in the dW GEMMs", set_gemm_operand_sums, gemm_operand_sums(), [&](const auto& o) {
-      char b[64];
-      std::snprintf(b, sizeof b, "db1 rel. err %.1e, db2 %.1e", w4::rel_err(std::get<3>(o), std::get<3>(ref)),
-                    w4::rel_err(std::get<5>(o), std::get<5>(ref)));
-      return std::string(b);
-    });
   auto errors = [&](const auto& o) {  // the loss's and the gradients' against float64
     char b[128];
     std::snprintf(b, sizeof b, "rel. err loss %.1e, dx %.1e, dW1 %.1e, db1 %.1e, dW2 %.1e, db2 %.1e", w4::rel_err(std::get<0>(o), std::get<0>(ref)),
@@ -1042,6 +1030,15 @@ static std::string w4_step_bench() {
                   w4::rel_err(std::get<5>(o), std::get<5>(ref)));
     return std::string(b);
   };
+  if (std::getenv("KILN_BENCH_COLSUM_AB"))  // db1 and db2 by rows kernels, and by the GEMMs that store dy and dh
+    sums_ab("column sums in the GEMMs", set_gemm_column_sums, gemm_column_sums(), errors);
+  if (std::getenv("KILN_BENCH_OPSUM_AB"))  // db1 and db2 by rows kernels, and by the dW GEMMs from their B operands
+    sums_ab("B's column sums in the dW GEMMs", set_gemm_operand_sums, gemm_operand_sums(), [&](const auto& o) {
+      char b[64];
+      std::snprintf(b, sizeof b, "db1 rel. err %.1e, db2 %.1e", w4::rel_err(std::get<3>(o), std::get<3>(ref)),
+                    w4::rel_err(std::get<5>(o), std::get<5>(ref)));
+      return std::string(b);
+    });
   if (std::getenv("KILN_BENCH_TAIL_AB"))  // the GEMMs' last waves as whole tiles, and cut in K (kiln::gemm_split_tail)
     sums_ab("split tail", set_gemm_split_tail, gemm_split_tail(), errors);
   if (std::getenv("KILN_BENCH_DYN_AB")) {  // the GEMMs' tiles in fixed lists, and from the grid's counter

@@ -938,8 +938,17 @@ TEST_CASE("a sum over the rows of a matrix a Hopper GEMM stores (a bias's gradie
     CHECK(v.colsum_dtype == DType::bf16);
     CHECK(v.workspace());
     CHECK(rows_skipped(p));
-    CHECK(p.src.find("kiln_colsum_tile<0, BM, BN>(") != std::string::npos);
+    CHECK(p.src.find("KilnColsumCount cs_n;") != std::string::npos);
     CHECK(p.src.find("kiln_u64 cs[1]") != std::string::npos);
+    // The tiles' sums from the registers that stored them: the consumers' staged stores of an
+    // interior tile, or the split epilogue's every tile; else read back (the consumers' edge tiles).
+    if (v.gemm.split_epilogue) {
+      CHECK(p.src.find("kiln_colsum_rows<BN>(cs_rows") != std::string::npos);
+      CHECK(p.src.find("kiln_colsum_read<") == std::string::npos);
+    } else {
+      CHECK(p.src.find("kiln_colsum_warp<BN / 8>(kiln_cs, stg + w * BN, lane)") != std::string::npos);
+      CHECK(p.src.find("kiln_colsum_read<0, BM, BN>(") != std::string::npos);
+    }
   }
   // Each wgmma config forced (the consumers' epilogue, the split one, persistent, in clusters),
   // the matmul's own value summed too; the sums compile for sm_90a. Not a split tail: its
@@ -954,20 +963,37 @@ TEST_CASE("a sum over the rows of a matrix a Hopper GEMM stores (a bias's gradie
     CHECK(p.matmuls()[0].gemm == c);
     CHECK((p.matmuls()[0].colsum_slot >= 0) == !c.split_tail);
     CHECK(rows_skipped(p) == !c.split_tail);
-    CHECK((p.src.find("kiln_colsum_tile<0, BM, BN>(") != std::string::npos) == !c.split_tail);
+    CHECK((p.src.find("KilnColsumCount cs_n;") != std::string::npos) == !c.split_tail);
+    if (!c.split_tail && !c.split_epilogue) CHECK(p.src.find("kiln_colsum_read<0, BM, BN>(") != std::string::npos);
     if (!c.split_tail) CHECK(jit::cubin_sm(jit::nvrtc_compile(p.src, "kiln_gemm_colsum", 9, 0, codegen::gpu_compile_options(p.vars))) == 90);
   }
   {  // f16 and f32 (TF32) matrices: formats 1 and 2
     auto xh = Tensor<f16, 2>::empty(Shape<2>{2048, 1024}, cpu()), wh = Tensor<f16, 2>::empty(Shape<2>{1024, 4096}, cpu());
     GpuProgram p = cuda_program(90, kiln::sum(matmul(xh, wh), 0));
-    CHECK(p.src.find("kiln_colsum_tile<1, BM, BN>(") != std::string::npos);
+    CHECK(p.src.find("KilnColsumCount cs_n;") != std::string::npos);
     CHECK(jit::cubin_sm(jit::nvrtc_compile(p.src, "kiln_gemm_colsum", 9, 0, codegen::gpu_compile_options(p.vars))) == 90);
     set_allow_tf32(true);
     auto xf = Tensor<f32, 2>::empty(Shape<2>{2048, 1024}, cpu()), wf = Tensor<f32, 2>::empty(Shape<2>{1024, 4096}, cpu());
     GpuProgram q = cuda_program(90, kiln::sum(matmul(xf, wf), 0));
     set_allow_tf32(false);
-    CHECK(q.src.find("kiln_colsum_tile<2, BM, BN>(") != std::string::npos);
+    CHECK(q.src.find("KilnColsumCount cs_n;") != std::string::npos);
     CHECK(jit::cubin_sm(jit::nvrtc_compile(q.src, "kiln_gemm_colsum", 9, 0, codegen::gpu_compile_options(q.vars))) == 90);
+  }
+  {  // a two-layer MLP's backward (W4's step, smaller): db1 and db2 in the GEMMs that store dh and
+     // dy, the loss in y's GEMM beside db2 (kiln::gemm_totals, on by default); every kernel compiles
+    auto w2 = e(4096, 1024);
+    auto b1 = Tensor<bf16, 1>::empty(Shape<1>{4096}, cpu()), b2 = Tensor<bf16, 1>::empty(Shape<1>{1024}, cpu());
+    auto h = kiln::gelu(matmul(x, w) + b1);
+    auto y = kiln::cast<f32>(matmul(h, w2) + b2);
+    auto loss = kiln::mean(y * y);
+    auto [gx, gw1, gb1, gw2, gb2] = kiln::grad(loss, x, w, b1, w2, b2);
+    GpuProgram p = cuda_program(90, loss, gx, gw1, gb1, gw2, gb2);
+    int sums = 0, both = 0, skipped = 0;
+    for (const auto& v : p.vars) sums += v.colsum_slot >= 0, both += v.colsum_slot >= 0 && v.total_kernel >= 0, skipped += v.skip;
+    CHECK(sums == 2);
+    CHECK(both == 1);
+    CHECK(skipped == 3);
+    CHECK(jit::cubin_sm(jit::nvrtc_compile(p.src, "kiln_mlp_colsum", 9, 0, codegen::gpu_compile_options(p.vars))) == 90);
   }
   // Not where the GEMM is no wgmma (sm_80), for sums along the other dim, for a matrix in a
   // dtype the kernel does not read back (f64), nor with the switch off: the rows kernel runs.
@@ -1064,7 +1090,7 @@ TEST_CASE("a sum over the rows of a Hopper GEMM's B operand (a bias's gradient b
     CHECK(!v.workspace());  // the sums need none: the first tile row's blocks hold whole columns
     CHECK(rows_skipped(p));
     CHECK(p.src.find("kiln_colsum_add<0>(b + r * 128") != std::string::npos);
-    CHECK(p.src.find("kiln_colsum_tile<0, BM, BN>(") == std::string::npos);
+    CHECK(p.src.find("KilnColsumCount cs_n;") == std::string::npos);
     // The sum first in the plan: the same.
     GpuProgram q = cuda_program(90, kiln::sum(dy, 0), matmul(x.transpose(0, 1), dy));
     CHECK(rows_skipped(q));

@@ -160,7 +160,7 @@ std::string model_program(const std::vector<Variant>& vs) {
       }
     }
     codegen::MfmaWriter w(v.config, {v.a_k_major, v.b_k_major}, v.dtype,
-                          [](const std::string& row, const std::string& col, const std::string& x) {
+                          [](const std::string& row, const std::string& col, const std::string& x, const std::string&) {
                             return "((float*)P[2])[" + row + " * N + " + col + "] = " + x + ";";
                           }, pro);
     s += "namespace k" + n + " {\n#define " + target + " 1\n" + helper + "#undef " + target + "\n" + functions;
@@ -203,7 +203,7 @@ std::string simt_program(const std::vector<Variant>& vs) {
   for (size_t i = 0; i < vs.size(); ++i) {
     const Variant& v = vs[i];
     std::string t = v.dtype == DType::f64 ? "double" : "float", n = std::to_string(i);
-    codegen::GemmWriter w(v.config, {v.a_k_major, v.b_k_major}, v.dtype, [&](const std::string& row, const std::string& col, const std::string& x) {
+    codegen::GemmWriter w(v.config, {v.a_k_major, v.b_k_major}, v.dtype, [&](const std::string& row, const std::string& col, const std::string& x, const std::string&) {
       return "((" + t + "*)P[2])[" + row + " * N + " + col + "] = " + x + ";";
     });
     s += "namespace k" + n + " {\nstatic void kernel(void* const* P, const int64_t* M) {\n" + w.body() + "}\n}\n";

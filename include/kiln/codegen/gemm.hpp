@@ -567,13 +567,15 @@ inline size_t gemm_shared_bytes(const GemmConfig& c, const GemmOperands& o) {
   return (a + b) * size_t(o.elem_bytes) * size_t(c.stages);
 }
 
-// Emits one output element's store: (row, col, value in the compute type) -> statements.
-using GemmStore = std::function<std::string(const std::string& row, const std::string& col, const std::string& v)>;
+// Emits one output element's store: (row, col, value in the compute type, where the column sums'
+// value goes: MatmulEpilogue::store's `sum`) -> statements.
+using GemmStore = std::function<std::string(const std::string& row, const std::string& col, const std::string& v, const std::string& sum)>;
 // Emits the stores of 4 consecutive output elements (row, col .. col + 3), values vals[0..3],
-// each slot one vector access; `tag` names its variables: MatmulEpilogue::store_group.
+// each slot one vector access; `tag` names its variables; `sum` the column sums' array ("": none):
+// MatmulEpilogue::store_group.
 inline constexpr int kGemmGroupWidth = 4;
 using GemmGroupStore = std::function<MatmulEpilogue::Group(const std::string& row, const std::string& col, const std::string& vals,
-                                                           const std::string& tag)>;
+                                                           const std::string& tag, const std::string& sum)>;
 
 // The operands a SIMT GEMM computes as it loads them (a matmul's prologue:
 // codegen/kernel.hpp's matmul_prologue): per operand (A, B), the slot of the tensor it
@@ -648,9 +650,9 @@ class GemmWriter {
   // One output element's store, skipped past M and N (`checked`), or unconditional (a
   // tile inside the output).
   std::string emit_store(const std::string& ind, const std::string& row, const std::string& col, const std::string& v,
-                         bool checked = true) const {
-    if (!checked) return ind + "{ " + store_(row, col, v) + " }\n";
-    return ind + "if (" + row + " < Mr && " + col + " < N) { " + store_(row, col, v) + " }\n";
+                         bool checked = true, const std::string& sum = "") const {
+    if (!checked) return ind + "{ " + store_(row, col, v, sum) + " }\n";
+    return ind + "if (" + row + " < Mr && " + col + " < N) { " + store_(row, col, v, sum) + " }\n";
   }
 
  private:

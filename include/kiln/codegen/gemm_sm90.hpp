@@ -97,9 +97,11 @@ inline bool gemm_sums_b(const GemmConfig& c, const GemmOperands& o, DType d) {
 }
 
 // GpuVariant::colsum_slot in a kernel's terms: the stored matrix (an expression of its first
-// element, of its row stride), its format for kiln_colsum_tile (0 bf16, 1 f16, 2 f32; -1: no
+// element, of its row stride), its format for kiln_colsum_read (0 bf16, 1 f16, 2 f32; -1: no
 // column sums), and the statement that stores column `col`'s total `v`. of_b
 // (GpuVariant::colsum_of_b): the matrix is B, summed over K from its stages (values unused).
+// Else the store functions add each value of the matrix they store where their `sum` says
+// (MatmulEpilogue::column_sum), and the writer passes a register of that value's column.
 struct GemmColumnSums {
   int format = -1;
   bool of_b = false;
@@ -250,6 +252,7 @@ class WgmmaWriter {
     s += std::string("  } else {\n") + (split ? "" : "    kiln_regs_inc<232>();\n");
     s += "    const int c = wg - 1, w = (threadIdx.x / 32) % 4;\n";
     if (total_.finish && !split) s += "    float kiln_total = 0.f;\n";
+    if (sums_.format >= 0 && !b_sums && !split) s += "    KilnColsumCount cs_n;\n";
     // The shared-memory descriptors of stage 0, built once: a stage's and a K16 step's are these
     // plus their byte offset / 16 (the start address field, bits 0-13, never carries: shared
     // memory ends below 256 KB). NOTE: built from the address at every K16 step they made the
@@ -317,7 +320,7 @@ class WgmmaWriter {
         u += "    const bool interior = m0 + BM <= Mr && n0 + BN <= N;\n";
         u += "    if (interior) {\n" + staged_stores(done) + "    } else {\n      " + done + stores(true) + "    }\n";
       }
-      if (!split && !b_sums) u += column_sums("(int)threadIdx.x - 128", "CONSUMERS * 128", "    ");
+      if (!split && !b_sums) u += column_sums(group_ ? "interior" : "", "(int)threadIdx.x - 128", "CONSUMERS * 128", "    ");
       return u;
     };
     // A split tail: the whole tiles in a loop of their own, as without one, then the pieces,
@@ -339,6 +342,7 @@ class WgmmaWriter {
       s += tiles_open("    ") + unit_body(false);
     }
     s += tiles_close("    ");
+    if (!split && !b_sums) s += column_sums_last("(int)threadIdx.x - 128", "CONSUMERS * 128", "    ");
     if (total_.finish && !split)
       s += total_.finish("(threadIdx.x - 128) / 32", "CONSUMERS * 4", "    ");
     s += "  }\n";
@@ -397,16 +401,21 @@ class WgmmaWriter {
              " + 4); " + un + "(q" + j + ".w, " + f + " + 6);\n";
     };
     const std::string wait = "kiln_mbar_wait(stg_full, tiles_done & 1);\n";
+    const bool sums = sums_.format >= 0;
     std::string s = "    const int t = threadIdx.x - (128 - EPI);\n";
     if (total_.finish) s += "    float kiln_total = 0.f;\n";
+    if (sums) s += "    KilnColsumCount cs_n;\n";
     s += "    const unsigned char* sbytes = kiln_smem + (stg - kiln_smem_addr(kiln_smem));\n    int tiles_done = 0;\n";
     s += tiles_open("    ", true) + "    constexpr int CHUNKS = BM * BN / 8;\n";
+    // Column sums: EPI is a multiple of BN / 8, so thread t's chunks are all columns (t % (BN / 8)) * 8 ..
+    if (sums) s += "    static_assert(EPI % (BN / 8) == 0, \"a thread's columns fixed\");\n    float kiln_cs[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};\n";
     // Per element, checked or not: edge tiles, and epilogues with no vector form.
     auto elements = [&](bool checked) {
       std::string e = "    " + wait + "    for (int chunk = t; chunk < CHUNKS; chunk += EPI) {\n";
       e += "      const int r_ = chunk / (BN / 8), c_ = (chunk % (BN / 8)) * 8;\n" + unpack("_", "      ");
       e += "      const int64_t row = m0 + r_;\n#pragma unroll\n      for (int e = 0; e < 8; ++e) {\n";
-      return e + "        const int64_t col = n0 + c_ + e;\n" + w_.emit_store("        ", "row", "col", "f_[e]", checked) + "      }\n    }\n";
+      return e + "        const int64_t col = n0 + c_ + e;\n" + w_.emit_store("        ", "row", "col", "f_[e]", checked, sums ? "kiln_cs[e]" : "") +
+             "      }\n    }\n";
     };
     std::string interior = elements(false);
     if (group_) {
@@ -417,8 +426,8 @@ class WgmmaWriter {
         // Past the tile's chunks: the last chunk's addresses (loaded, not stored).
         interior += "      const int k" + J + " = min(b + EPI * " + S(j) + ", CHUNKS - 1), r" + J + " = k" + J + " / (BN / 8), c" + J +
                     " = (k" + J + " % (BN / 8)) * 8;\n";
-        lo.push_back(group_("m0 + r" + J, "n0 + c" + J, "f" + J, "a" + J));
-        hi.push_back(group_("m0 + r" + J, "n0 + c" + J + " + 4", "(f" + J + " + 4)", "b" + J));
+        lo.push_back(group_("m0 + r" + J, "n0 + c" + J, "f" + J, "a" + J, sums ? "kiln_cs" : ""));
+        hi.push_back(group_("m0 + r" + J, "n0 + c" + J + " + 4", "(f" + J + " + 4)", "b" + J, sums ? "(kiln_cs + 4)" : ""));
       }
       for (int j = 0; j < kBatch; ++j) interior += lo[size_t(j)].loads + hi[size_t(j)].loads;
       interior += "      if (b == t) " + wait;
@@ -427,8 +436,18 @@ class WgmmaWriter {
       interior += "    }\n";
     }
     s += "    if (m0 + BM <= Mr && n0 + BN <= N) {\n" + interior + "    } else {\n" + elements(true) + "    }\n";
-    s += "    kiln_mbar_arrive(stg_empty);\n    ++tiles_done;\n" + column_sums("t", "EPI", "    ");
-    s += tiles_close("    ");
+    // Column sums: the staging, read, takes the threads' rows of sums (EPI / (BN / 8) rows of
+    // BN) before it goes back to the consumers; the tile arrives on its count after.
+    if (sums) {
+      s += "    int64_t cs_done = -1;\n    if (m0 < Mr) {\n      kiln_bar_sync(8, EPI);  // every thread's reads of the staging are done\n";
+      s += "      float* const cs_rows = (float*)(kiln_smem + (stg - kiln_smem_addr(kiln_smem)));\n";
+      s += "#pragma unroll\n      for (int e = 0; e < 8; ++e) cs_rows[(t / (BN / 8)) * BN + (t % (BN / 8)) * 8 + e] = kiln_cs[e];\n";
+      s += "      kiln_colsum_rows<BN>(cs_rows, EPI / (BN / 8), EPI / (BN / 8), 0, m0 / BM, n0, N, cs_part, t, EPI, 8);\n";
+      s += "      cs_done = cs_n.meet((unsigned)((Mr + BM - 1) / BM), t, EPI, 8);\n    }\n";
+    }
+    s += "    kiln_mbar_arrive(stg_empty);\n    ++tiles_done;\n";
+    if (sums) s += "    if (m0 < Mr) cs_n.arrive(cs_count, n0, BN, t);\n" + column_totals("cs_done", "t", "EPI", "    ");
+    s += tiles_close("    ") + column_sums_last("t", "EPI", "    ");
     if (total_.finish)
       s += total_.finish("t / 32", "EPI / 32", "    ");
     return s;
@@ -459,18 +478,38 @@ class WgmmaWriter {
     return s + tiles_close("    ");
   }
 
-  // GpuVariant::colsum_slot: once a tile is stored, the `threads` threads (u) that stored it sum
-  // its columns (kiln_colsum_tile, named barrier 8); the last tile of a column of tiles stores
-  // the totals. A clustered block whose tile lies past M stored nothing and sums nothing.
-  std::string column_sums(const std::string& u, const std::string& threads, const std::string& ind) const {
+  // GpuVariant::colsum_slot, the consumers' part: once a tile is stored, the `threads` threads (u)
+  // that stored it put its column sums in its row of the workspace, from the rows that
+  // staged_stores left in the staging where `interior` holds, else read back; then the tile
+  // arrives on its column's count, and the column whose last tile arrived before is added up. A
+  // clustered block whose tile lies past M stored nothing and sums nothing.
+  std::string column_sums(const std::string& interior, const std::string& u, const std::string& threads, const std::string& ind) const {
     if (sums_.format < 0) return "";
-    std::string s = ind + "if (m0 < Mr && kiln_colsum_tile<" + std::to_string(sums_.format) + ", BM, BN>(" + sums_.values + ", " +
-                    sums_.row_stride + ", m0, n0, Mr, N, cs_part, cs_count, " + u + ", " + threads + ", 8)) {\n";
-    s += ind + "  __threadfence();\n";
-    s += ind + "  for (int j = " + u + "; j < BN && n0 + j < N; j += " + threads + ") {\n";
-    s += ind + "    const int64_t col = n0 + j;\n" + ind + "    " + sums_.store("col", "kiln_colsum_total(cs_part, col, N, (Mr + BM - 1) / BM)") +
-         "\n" + ind + "  }\n";
-    return s + ind + "  if (" + u + " == 0) cs_count[n0 / BN] = 0;\n" + ind + "}\n";
+    const std::string read = "kiln_colsum_read<" + std::to_string(sums_.format) + ", BM, BN>(" + sums_.values + ", " + sums_.row_stride +
+                             ", m0, n0, Mr, N, cs_part, " + u + ", " + threads + ", 8);\n";
+    std::string s = ind + "int64_t cs_done = -1;\n" + ind + "if (m0 < Mr) {\n";
+    if (!interior.empty())
+      s += ind + "  if (" + interior + ")\n" + ind + "    kiln_colsum_rows<BN>((const float*)(kiln_smem + (rest - kiln_smem_addr(kiln_smem))), CONSUMERS * 4, 4, 64 * " +
+           std::to_string(kWgmmaStagePitch) + ", m0 / BM, n0, N, cs_part, " + u + ", " + threads + ", 8);\n" + ind + "  else\n  ";
+    s += ind + "  " + read;
+    s += ind + "  cs_done = cs_n.meet((unsigned)((Mr + BM - 1) / BM), " + u + ", " + threads + ", 8);\n";
+    s += ind + "  cs_n.arrive(cs_count, n0, BN, " + u + ");\n" + ind + "}\n";
+    return s + column_totals("cs_done", u, threads, ind);
+  }
+  // After the block's tiles: the answer for its last one.
+  std::string column_sums_last(const std::string& u, const std::string& threads, const std::string& ind) const {
+    if (sums_.format < 0 || sums_.of_b) return "";
+    return ind + "{\n" + ind + "  const int64_t cs_done = cs_n.meet((unsigned)((Mr + BM - 1) / BM), " + u + ", " + threads + ", 8);\n" +
+           column_totals("cs_done", u, threads, ind + "  ") + ind + "}\n";
+  }
+  // The totals of the column of tiles at `col` (its last tile arrived): its rows of the workspace
+  // added in order, stored, and its count zeroed for the next launch.
+  std::string column_totals(const std::string& col, const std::string& u, const std::string& threads, const std::string& ind) const {
+    std::string s = ind + "if (" + col + " >= 0) {\n" + ind + "  __threadfence();\n";
+    s += ind + "  for (int j = " + u + "; j < BN && " + col + " + j < N; j += " + threads + ") {\n";
+    s += ind + "    const int64_t col = " + col + " + j;\n" + ind + "    " +
+         sums_.store("col", "kiln_colsum_total(cs_part, col, N, (Mr + BM - 1) / BM)") + "\n" + ind + "  }\n";
+    return s + ind + "  if (" + u + " == 0) cs_count[" + col + " / BN] = 0;\n" + ind + "}\n";
   }
 
   // An interior tile's stores, 32 columns at a time: each thread writes its fragments of
@@ -484,12 +523,15 @@ class WgmmaWriter {
     auto S = [](int v) { return std::to_string(v); };
     const int chunks = c_.bn / kWgmmaStageCols, groups = 64 * kWgmmaStageCols / (128 * kGemmGroupWidth);
     const std::string P = S(kWgmmaStagePitch);
+    const bool sums = sums_.format >= 0 && !sums_.of_b;
     std::vector<MatmulEpilogue::Group> g;
     for (int ch = 0; ch < chunks; ++ch)
       for (int q = 0; q < groups; ++q)
         g.push_back(group_("m0 + c * 64 + " + S(q * 16) + " + t / 8", "n0 + " + S(ch * kWgmmaStageCols) + " + (t % 8) * 4", "f",
-                           "c" + S(ch) + "g" + S(q)));
+                           "c" + S(ch) + "g" + S(q), sums ? "kiln_cs + " + S(ch * 4) : ""));
     std::string s = "      const int t = threadIdx.x % 128;\n";
+    // Column sums: thread t's columns of chunk ch, ch * 32 + (t % 8) * 4 .., in kiln_cs[ch * 4 ..].
+    if (sums) s += "      float kiln_cs[BN / 8];\n#pragma unroll\n      for (int i = 0; i < BN / 8; ++i) kiln_cs[i] = 0.f;\n";
     s += "      float* stg = (float*)(kiln_smem + (rest - kiln_smem_addr(kiln_smem))) + c * 64 * " + P + ";\n";
     const int chunk_regs = groups * g[0].load_bytes / 4;
     const int ahead = std::clamp(chunk_regs ? 24 / chunk_regs : 3, 1, std::min(3, chunks));
@@ -511,6 +553,8 @@ class WgmmaWriter {
         s += "        const float f[4] = {f4.x, f4.y, f4.z, f4.w};\n" + g[size_t(ch * groups + q)].body + "      }\n";
       }
     }
+    // Column sums: the last chunk read, the staging takes each warp's row of sums (column_sums).
+    if (sums) s += "      kiln_bar_sync(1 + c, 128);\n      kiln_colsum_warp<BN / 8>(kiln_cs, stg + w * BN, lane);\n";
     return s;
   }
 

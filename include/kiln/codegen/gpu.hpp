@@ -859,13 +859,15 @@ class GpuKernelWriter {
   // The GEMM (codegen/gemm.hpp); every output element leaves through the epilogue (MatmulEpilogue::store).
   std::string matmul() {
     MatmulEpilogue ep(g_, k_, l_);
-    GemmStore store = [&](const std::string& row, const std::string& col, const std::string& v) { return ep.store(row, col, v, ""); };
+    GemmStore store = [&](const std::string& row, const std::string& col, const std::string& v, const std::string& sum) {
+      return ep.store(row, col, v, "", false, sum);
+    };
     std::string prelude = ep.prelude("blockIdx.z", "__restrict__", "  ");
     if (v_.gemm.kind == GemmKind::wgmma) {
       GemmGroupStore group;
       if (v_.epilogue_vec)
-        group = [&](const std::string& row, const std::string& col, const std::string& vals, const std::string& tag) {
-          return ep.store_group(row, col, vals, kGemmGroupWidth, v_.strides, tag, "        ");
+        group = [&](const std::string& row, const std::string& col, const std::string& vals, const std::string& tag, const std::string& sum) {
+          return ep.store_group(row, col, vals, kGemmGroupWidth, v_.strides, tag, "        ", sum);
         };
       GemmColumnSums sums;
       sums.of_b = v_.colsum_of_b;
@@ -878,6 +880,7 @@ class GpuKernelWriter {
         sums.store = [out, d = v_.colsum_dtype](const std::string& col, const std::string& v) {
           return "((" + out + "*)args.cs[0])[" + col + "] = " + to_storage(d, v) + ";";
         };
+        if (!sums.of_b) ep.column_sum(c);
       }
       GemmTotal total;
       Layout rows;  // the total's rows kernel's (ep and the finish read it)

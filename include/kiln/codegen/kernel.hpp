@@ -211,6 +211,9 @@ class MatmulEpilogue {
   void total(int node, const sched::Kernel& rows, const Layout& rows_layout, std::string acc) {
     total_ = {node, &rows, &rows_layout, std::move(acc)};
   }
+  // GpuVariant::colsum_slot: the value each element stores to `slot` (compute type, before its
+  // rounding to the slot's dtype) is also added where store()'s or store_group()'s `sum` says.
+  void column_sum(int slot) { colsum_slot_ = slot; }
   // `batch`: a flat index over the dims before the last two; `restrict_kw`: the dialect's spelling.
   std::string prelude(const std::string& batch, const std::string& restrict_kw, const std::string& ind) const {
     std::string s = ind + "const int64_t* est = sz + nd;\n", acc;
@@ -230,23 +233,25 @@ class MatmulEpilogue {
   // Statements that store output element (row, col) given the accumulator `v`.
   // `unit_cols`: every slot of store_slots() has column stride 1 (a dialect that
   // tested it gets contiguous addressing).
+  // `sum`: with column_sum(), the variable that the summed slot's value is added to ("": none).
   std::string store(const std::string& row, const std::string& col, const std::string& v, const std::string& ind,
-                    bool unit_cols = false) const {
+                    bool unit_cols = false, const std::string& sum = "") const {
     std::vector<uint8_t> used;
-    return emit_store(row, col, v, ind, unit_cols, used);
+    return emit_store(row, col, v, ind, unit_cols, used, sum);
   }
   // The statements of `width` consecutive output elements (row, col .. col + width - 1),
   // accumulators vals[0 .. width - 1], where every slot store_slots() names walks the
   // columns with stride cls[slot]: unit (one vector access of width elements: the host
   // checked the alignment, kiln_vec) or zero (broadcast along the row: one element).
   // `loads` declares offsets and issues the loads (named after `tag`), so a writer can
-  // put them out early; `body` computes and stores. rand slots are not supported here.
+  // put them out early; `body` computes and stores. rand slots are not supported here. `sum`:
+  // with column_sum(), an array whose element u takes the summed slot's value of element u.
   struct Group {
     std::string loads, body;
     int load_bytes = 0;  // of the vector loads (what a writer keeps in flight per group)
   };
   Group store_group(const std::string& row, const std::string& col, const std::string& vals, int width,
-                    const std::vector<Stride>& cls, const std::string& tag, const std::string& ind) const {
+                    const std::vector<Stride>& cls, const std::string& tag, const std::string& ind, const std::string& sum = "") const {
     Group out;
     std::string W = std::to_string(width);
     auto name = [&](const char* what, int i) { return std::string(what) + tag + "_" + std::to_string(i); };
@@ -272,7 +277,7 @@ class MatmulEpilogue {
     a.index = [&](int) -> std::string { throw Error("kiln: internal error: a random or iota value in a grouped GEMM epilogue"); };
     a.store = [&](int i, const std::string& v) { return name("S", i) + ".v[u] = " + v; };
     out.body += ind + "#pragma unroll\n" + ind + "for (int u = 0; u < " + W + "; ++u) {\n";
-    out.body += emit(vals + "[u]", ind + "  ", a) + ind + "}\n";
+    out.body += emit(vals + "[u]", ind + "  ", a, sum.empty() ? "" : "(" + sum + ")[u]") + ind + "}\n";
     for (int i : l_.epilogue_slots)
       if (l_.slots[size_t(i)].role == SlotRole::store)
         out.body += ind + "kiln_vec_store(p" + std::to_string(i) + " + " + name("x", i) + ", " + name("S", i) + ");\n";
@@ -345,8 +350,8 @@ class MatmulEpilogue {
     std::function<std::string(int, const std::string&)> store;
   };
   DType dtype_of_slot(int i) const { return g_.nodes[size_t(l_.slots[size_t(i)].node)].dtype; }
-  // The matmul's value `v`, the epilogue's values over it, its stores.
-  std::string emit(const std::string& v, const std::string& ind, const Access& a) const {
+  // The matmul's value `v`, the epilogue's values over it, its stores (and `sum` += the summed slot's).
+  std::string emit(const std::string& v, const std::string& ind, const Access& a, const std::string& sum = "") const {
     ValueEmitter ve(g_, k_, l_);
     const ir::Node& mm = g_.nodes[size_t(k_.domain)];
     std::string body = ind + "const " + compute_type(mm.dtype) + " v" + std::to_string(k_.domain) + " = (" + compute_type(mm.dtype) + ")(" + v + ");\n";
@@ -355,6 +360,7 @@ class MatmulEpilogue {
     for (size_t s = 0; s < k_.stores.size(); ++s) {
       std::string val = ve.value(k_.stores[s].value, body, ind, a.load, a.index);
       tail += ind + a.store(slot_of_store(int(s)), to_storage(g_.nodes[size_t(k_.stores[s].buffer)].dtype, val)) + ";\n";
+      if (!sum.empty() && slot_of_store(int(s)) == colsum_slot_) tail += ind + sum + " += " + val + ";\n";
     }
     if (total_.node >= 0) {
       ve.other_params(*total_.rows, *total_.layout, "TA");
@@ -363,7 +369,7 @@ class MatmulEpilogue {
     return body + tail;
   }
   std::string emit_store(const std::string& row, const std::string& col, const std::string& v, const std::string& ind, bool unit_cols,
-                         std::vector<uint8_t>& used) const {
+                         std::vector<uint8_t>& used, const std::string& sum = "") const {
     used.assign(l_.slots.size(), 0);
     auto at = [&](int i) {
       used[size_t(i)] = 1;
@@ -373,7 +379,7 @@ class MatmulEpilogue {
     a.load = [&](int i) { return to_compute(dtype_of_slot(i), "p" + std::to_string(i) + "[" + at(i) + "]"); };
     a.index = at;
     a.store = [&](int i, const std::string& val) { return "p" + std::to_string(i) + "[" + at(i) + "] = " + val; };
-    std::string body = emit(v, ind, a), offs;
+    std::string body = emit(v, ind, a, sum), offs;
     for (size_t i = 0; i < used.size(); ++i) {
       if (!used[i]) continue;
       std::string si = std::to_string(i);
@@ -397,6 +403,7 @@ class MatmulEpilogue {
     const Layout* layout = nullptr;
     std::string acc;
   } total_;
+  int colsum_slot_ = -1;
 };
 
 // A matmul operand's prologue (Kernel::prologue_slot) as a function of one element x of

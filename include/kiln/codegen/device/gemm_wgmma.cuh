@@ -232,15 +232,19 @@ KILN_FN void kiln_stage_tile(const float* __restrict__ src, int64_t sr, int64_t 
   }
 }
 
-// Column sums of an output tile (GpuVariant::colsum_slot), by the `threads` threads (u = 0 ..)
-// that have just stored it, read back (the block's own stores: L1 or L2). F, the stored
-// format: 0 bf16, 1 f16, 2 f32 (16 bytes: VE = 8 or 4 elements). Lane l of a warp takes chunk
-// l / 8 of the warp's four 16-byte column chunks and rows l % 8, + 8, ... of the tile; the 8 row
-// groups meet by shuffles, so the sums come out the same on every run. The tile's sums go to row
-// m0 / BM of `part` ([tiles down M][N] floats). Returns whether this tile is the last of its
-// column of tiles to get there (a counter per column of tiles); that tile adds the rows of `part`
-// (kiln_colsum_total) and zeroes the counter again, so the next launch finds the workspace as
-// this one did.
+// Column sums of an output tile (GpuVariant::colsum_slot): the tile's sums go to row m0 / BM of
+// `part` ([tiles down M][N] floats), then the tile arrives on its column of tiles' count
+// (KilnColsumCount), and the block whose tile is the last of its column to arrive adds the
+// column's rows (kiln_colsum_total). The sums reach `part` by one of two routes:
+// - From registers (kiln_colsum_warp, kiln_colsum_rows): each thread that stored the tile added
+//   every value it stored into a register of its column; the threads of a column meet by shuffles
+//   and their rows of partial sums in shared memory, which are added in row order.
+// - Read back (kiln_colsum_read), where the threads' columns are not fixed (the consumers' own
+//   stores of an edge tile): the `threads` threads (u = 0 ..) that have just stored the tile read
+//   it back (the block's own stores: L1 or L2). F, the stored format: 0 bf16, 1 f16, 2 f32 (16
+//   bytes: VE = 8 or 4 elements). Lane l of a warp takes chunk l / 8 of the warp's four 16-byte
+//   column chunks and rows l % 8, + 8, ... of the tile; the 8 row groups meet by shuffles.
+// Every addition has a fixed place, so the sums come out the same on every run.
 template <int F>
 KILN_FN void kiln_colsum_add(const unsigned char* p, float* s) {
   const uint4 q = *(const uint4*)p;  // NOTE: a plain load: the block's own stores, ordered by bar.sync
@@ -259,8 +263,8 @@ KILN_FN void kiln_colsum_add(const unsigned char* p, float* s) {
   }
 }
 template <int F, int BM, int BN>
-KILN_FN bool kiln_colsum_tile(const void* values, int64_t ld, int64_t m0, int64_t n0, int64_t Mr, int64_t N, float* part,
-                              unsigned* count, int u, int threads, int bar) {
+KILN_FN void kiln_colsum_read(const void* values, int64_t ld, int64_t m0, int64_t n0, int64_t Mr, int64_t N, float* part, int u,
+                              int threads, int bar) {
   constexpr int VE = F == 2 ? 4 : 8, EB = F == 2 ? 4 : 2, GROUPS = BN / VE / 4;
   static_assert(BN % (VE * 4) == 0, "a tile's columns are whole groups of four 16-byte chunks");
   kiln_bar_sync(bar, threads);  // the tile's stores are done; bar.sync orders them before the reads (one block)
@@ -290,16 +294,58 @@ KILN_FN bool kiln_colsum_tile(const void* values, int64_t ld, int64_t m0, int64_
       for (int i = 0; i < VE / 4; ++i) __stcg(out + i, make_float4(s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]));
     }
   }
-  // One thread's fence after the barrier orders every thread's partial sums before the count
-  // (PTX fences are cumulative): the others go on without waiting for their stores.
-  kiln_bar_sync(bar, threads);
-  bool last = false;
-  if (u == 0) {
-    __threadfence();
-    last = atomicAdd(count + n0 / BN, 1u) == (unsigned)((Mr + BM - 1) / BM - 1);
-  }
-  return kiln_bar_or(bar, threads, last);
 }
+// A consumer warp's sums of the columns of an interior tile it stored through the staging
+// (WgmmaWriter::staged_stores): lane l added column (i / 4) * 32 + (l % 8) * 4 + i % 4 of its
+// rows into a[i]; lanes l, l ^ 8, l ^ 16 and l ^ 24 hold the same columns. Two butterfly steps
+// (each lane keeps half of what it holds and adds its partner's sums of that half) leave lane l
+// the warp's sums of a quarter of them, a[(l / 8) * V / 4 ..], stored to the warp's row `row`.
+template <int V>
+KILN_FN void kiln_colsum_warp(const float (&a)[V], float* row, int lane) {
+  static_assert(V % 4 == 0, "whole 32-column chunks");
+  const bool hi = (lane & 16) != 0, right = (lane & 8) != 0;
+  float b[V / 2];
+#pragma unroll
+  for (int i = 0; i < V / 2; ++i) b[i] = (hi ? a[i + V / 2] : a[i]) + __shfl_xor_sync(0xffffffffu, hi ? a[i] : a[i + V / 2], 16);
+#pragma unroll
+  for (int i = 0; i < V / 4; ++i) {
+    const float s = (right ? b[i + V / 4] : b[i]) + __shfl_xor_sync(0xffffffffu, right ? b[i] : b[i + V / 4], 8);
+    const int k = (lane / 8) * (V / 4) + i;
+    row[(k / 4) * 32 + (lane % 8) * 4 + k % 4] = s;
+  }
+}
+// The tile's `rows` rows of partial column sums in shared memory (row r at sm + (r / per) * stride
+// + (r % per) * BN), added in row order into row `tile_row` of `part` by the `threads` threads.
+template <int BN>
+KILN_FN void kiln_colsum_rows(const float* sm, int rows, int per, int stride, int64_t tile_row, int64_t n0, int64_t N, float* part,
+                              int u, int threads, int bar) {
+  kiln_bar_sync(bar, threads);  // every row is in
+  for (int j = u; j < BN; j += threads) {
+    float s = 0.f;
+    for (int r = 0; r < rows; ++r) s += sm[(r / per) * stride + (r % per) * BN + j];
+    if (n0 + j < N) __stcg(part + tile_row * N + n0 + j, s);
+  }
+}
+// A column of tiles' count, its answer read a tile later, so that no thread waits for the
+// atomic. meet() is a barrier of the threads that wrote the tile's row of `part` (after it), and
+// answers whether the tile that arrived before (arrive()) was the last of its column: then it
+// returns that column's n0, whose rows the block adds (kiln_colsum_total) and whose count it
+// zeroes for the next launch; else -1. The block's last tile is answered by one more meet().
+struct KilnColsumCount {
+  unsigned before = 0u;  // thread u == 0: the count its arrival found
+  int64_t n0 = -1;       // every thread: the column of tiles that arrived last (-1: none)
+  KILN_FN int64_t meet(unsigned tiles, int u, int threads, int bar) {
+    const bool last = kiln_bar_or(bar, threads, u == 0 && n0 >= 0 && before == tiles - 1);
+    const int64_t col = last ? n0 : -1;
+    n0 = -1;
+    return col;
+  }
+  // After meet(): the barrier ordered every thread's row of `part` before this release.
+  KILN_FN void arrive(unsigned* count, int64_t col, int bn, int u) {
+    if (u == 0) asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;\n" : "=r"(before) : "l"(count + col / bn) : "memory");
+    n0 = col;
+  }
+};
 // Column `col`'s total over the `tiles` rows of `part`: eight loads in flight, added in a fixed order.
 KILN_FN float kiln_colsum_total(const float* part, int64_t col, int64_t N, int64_t tiles) {
   float a[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
