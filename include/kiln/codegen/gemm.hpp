@@ -547,6 +547,9 @@ inline constexpr int kWgmmaStageCols = 32, kWgmmaStagePitch = 40;
 // The split epilogue's staging: the whole tile in 16 bits, rows BN + 8 elements apart (the
 // same: 16 bytes of padding per row).
 inline size_t gemm_split_staging_bytes(const GemmConfig& c) { return size_t(c.bm) * size_t(c.bn + 8) * 2; }
+// After it, the split epilogue's column sums: a row of BN floats per BN / 8 of its 96 threads
+// (WgmmaWriter::split_epilogue), 3 KB at any BN, kept whether the kernel sums or not.
+inline constexpr size_t kWgmmaSplitSumBytes = 96 * 8 * 4;
 
 // The mma kind's row padding of a shared-memory tile, in elements: 16 bytes where ldmatrix
 // reads the rows (16-bit elements; K-major 32-bit ones), which then meet no bank conflicts;
@@ -556,11 +559,13 @@ inline int gemm_mma_pad(const GemmOperands& o, bool k_inner) { return o.elem_byt
 
 // Dynamic shared memory of an mma or wgmma kernel (0 for simt: static). wgmma: the
 // stages, their full and empty barriers, dynamic tiles' ring, the epilogue's staging
-// (split: two more barriers and the tile), and 1 KB to align the base to the swizzle atom.
+// (split: two more barriers, the tile and the column sums' rows), and 1 KB to align the base to
+// the swizzle atom.
 inline size_t gemm_shared_bytes(const GemmConfig& c, const GemmOperands& o) {
   if (c.kind == GemmKind::wgmma)
     return size_t(c.stages) * (size_t(c.bm + c.bn) * size_t(c.bk) * size_t(o.elem_bytes) + 16) + (c.dynamic ? kWgmmaTileRingBytes : 0) +
-           (c.split_epilogue ? 16 + gemm_split_staging_bytes(c) : size_t(c.bm / c.wm) * 64 * kWgmmaStagePitch * 4) + 1024;
+           (c.split_epilogue ? 16 + gemm_split_staging_bytes(c) + kWgmmaSplitSumBytes : size_t(c.bm / c.wm) * 64 * kWgmmaStagePitch * 4) +
+           1024;
   if (c.kind != GemmKind::mma) return 0;
   size_t a = o.a_k_major ? size_t(c.bm) * (c.bk + gemm_mma_pad(o, true)) : size_t(c.bk) * (c.bm + gemm_mma_pad(o, false));
   size_t b = o.b_k_major ? size_t(c.bn) * (c.bk + gemm_mma_pad(o, true)) : size_t(c.bk) * (c.bn + gemm_mma_pad(o, false));

@@ -436,17 +436,16 @@ class WgmmaWriter {
       interior += "    }\n";
     }
     s += "    if (m0 + BM <= Mr && n0 + BN <= N) {\n" + interior + "    } else {\n" + elements(true) + "    }\n";
-    // Column sums: the staging, read, takes the threads' rows of sums (EPI / (BN / 8) rows of
-    // BN) before it goes back to the consumers; the tile arrives on its count after.
+    // Column sums: the staging goes back to the consumers first; the threads' rows of sums
+    // (EPI / (BN / 8) rows of BN) go to their own room after it (kWgmmaSplitSumBytes).
+    s += "    kiln_mbar_arrive(stg_empty);\n    ++tiles_done;\n";
     if (sums) {
-      s += "    int64_t cs_done = -1;\n    if (m0 < Mr) {\n      kiln_bar_sync(8, EPI);  // every thread's reads of the staging are done\n";
-      s += "      float* const cs_rows = (float*)(kiln_smem + (stg - kiln_smem_addr(kiln_smem)));\n";
+      s += "    if (m0 < Mr) {\n      float* const cs_rows = (float*)(kiln_smem + (stg - kiln_smem_addr(kiln_smem)) + BM * (BN + 8) * 2);\n";
       s += "#pragma unroll\n      for (int e = 0; e < 8; ++e) cs_rows[(t / (BN / 8)) * BN + (t % (BN / 8)) * 8 + e] = kiln_cs[e];\n";
       s += "      kiln_colsum_rows<BN>(cs_rows, EPI / (BN / 8), EPI / (BN / 8), 0, m0 / BM, n0, N, cs_part, t, EPI, 8);\n";
-      s += "      cs_done = cs_n.meet((unsigned)((Mr + BM - 1) / BM), t, EPI, 8);\n    }\n";
+      s += "      const int64_t cs_done = cs_n.meet((unsigned)((Mr + BM - 1) / BM), t, EPI, 8);\n";
+      s += "      cs_n.arrive(cs_count, n0, BN, t);\n" + column_totals("cs_done", "t", "EPI", "      ") + "    }\n";
     }
-    s += "    kiln_mbar_arrive(stg_empty);\n    ++tiles_done;\n";
-    if (sums) s += "    if (m0 < Mr) cs_n.arrive(cs_count, n0, BN, t);\n" + column_totals("cs_done", "t", "EPI", "    ");
     s += tiles_close("    ") + column_sums_last("t", "EPI", "    ");
     if (total_.finish)
       s += total_.finish("t / 32", "EPI / 32", "    ");
