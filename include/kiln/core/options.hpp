@@ -25,8 +25,10 @@
 //                    where its kernel can (wgmma), instead of by a rows kernel reading the
 //                    matrix again (off by default; KILN_GEMM_COLUMN_SUMS=1). Decides each
 //                    call's kernels, not the plan. NOTE: off because on an H200 it made W4's
-//                    step 1.5-2% slower (two kernels fewer, 0.1 ms, against a pause of every
-//                    tile's storing threads: docs/benchmarks.md, thirty-first session).
+//                    step 1.5-2% slower when every tile was read back (two kernels fewer, 0.1
+//                    ms, against a pause of every tile's storing threads: docs/benchmarks.md,
+//                    thirty-first session); since the fifty-eighth session the sums come from
+//                    the registers that store the tile (docs/kernels.md), not yet timed.
 //   gemm_operand_sums on a GPU, a sum over the rows of a matrix that a GEMM reads as its B
 //                    operand along K (a bias's gradient beside its weight's: dW = x.t() @ dy,
 //                    db = sum(dy, 0)) is computed by that GEMM from the B tiles already in its
