@@ -401,7 +401,7 @@ class WgmmaWriter {
              " + 4); " + un + "(q" + j + ".w, " + f + " + 6);\n";
     };
     const std::string wait = "kiln_mbar_wait(stg_full, tiles_done & 1);\n";
-    const bool sums = sums_.format >= 0;
+    const bool sums = sums_.format >= 0 && !sums_.of_b;  // (gemm_sums_b: never with a split epilogue)
     std::string s = "    const int t = threadIdx.x - (128 - EPI);\n";
     if (total_.finish) s += "    float kiln_total = 0.f;\n";
     if (sums) s += "    KilnColsumCount cs_n;\n";
