@@ -342,7 +342,7 @@ class WgmmaWriter {
       s += tiles_open("    ") + unit_body(false);
     }
     s += tiles_close("    ");
-    if (!split && !b_sums) s += column_sums_last("(int)threadIdx.x - 128", "CONSUMERS * 128", "    ");
+    if (!split && !b_sums && sums_.format >= 0) s += column_count("(int)threadIdx.x - 128", "CONSUMERS * 128", "    ", false);
     if (total_.finish && !split)
       s += total_.finish("(threadIdx.x - 128) / 32", "CONSUMERS * 4", "    ");
     s += "  }\n";
@@ -443,10 +443,10 @@ class WgmmaWriter {
       s += "    if (m0 < Mr) {\n      float* const cs_rows = (float*)(kiln_smem + (stg - kiln_smem_addr(kiln_smem)) + BM * (BN + 8) * 2);\n";
       s += "#pragma unroll\n      for (int e = 0; e < 8; ++e) cs_rows[(t / (BN / 8)) * BN + (t % (BN / 8)) * 8 + e] = kiln_cs[e];\n";
       s += "      kiln_colsum_rows<BN>(cs_rows, EPI / (BN / 8), EPI / (BN / 8), 0, m0 / BM, n0, N, cs_part, t, EPI, 8);\n";
-      s += "      const int64_t cs_done = cs_n.meet((unsigned)((Mr + BM - 1) / BM), t, EPI, 8);\n";
-      s += "      cs_n.arrive(cs_count, n0, BN, t);\n" + column_totals("cs_done", "t", "EPI", "      ") + "    }\n";
+      s += column_count("t", "EPI", "      ", true) + "    }\n";
     }
-    s += tiles_close("    ") + column_sums_last("t", "EPI", "    ");
+    s += tiles_close("    ");
+    if (sums) s += column_count("t", "EPI", "    ", false);
     if (total_.finish)
       s += total_.finish("t / 32", "EPI / 32", "    ");
     return s;
@@ -486,29 +486,24 @@ class WgmmaWriter {
     if (sums_.format < 0) return "";
     const std::string read = "kiln_colsum_read<" + std::to_string(sums_.format) + ", BM, BN>(" + sums_.values + ", " + sums_.row_stride +
                              ", m0, n0, Mr, N, cs_part, " + u + ", " + threads + ", 8);\n";
-    std::string s = ind + "int64_t cs_done = -1;\n" + ind + "if (m0 < Mr) {\n";
+    std::string s = ind + "if (m0 < Mr) {\n";
     if (!interior.empty())
       s += ind + "  if (" + interior + ")\n" + ind + "    kiln_colsum_rows<BN>((const float*)(kiln_smem + (rest - kiln_smem_addr(kiln_smem))), CONSUMERS * 4, 4, 64 * " +
            std::to_string(kWgmmaStagePitch) + ", m0 / BM, n0, N, cs_part, " + u + ", " + threads + ", 8);\n" + ind + "  else\n  ";
-    s += ind + "  " + read;
-    s += ind + "  cs_done = cs_n.meet((unsigned)((Mr + BM - 1) / BM), " + u + ", " + threads + ", 8);\n";
-    s += ind + "  cs_n.arrive(cs_count, n0, BN, " + u + ");\n" + ind + "}\n";
-    return s + column_totals("cs_done", u, threads, ind);
+    return s + ind + "  " + read + column_count(u, threads, ind + "  ", true) + ind + "}\n";
   }
-  // After the block's tiles: the answer for its last one.
-  std::string column_sums_last(const std::string& u, const std::string& threads, const std::string& ind) const {
-    if (sums_.format < 0 || sums_.of_b) return "";
-    return ind + "{\n" + ind + "  const int64_t cs_done = cs_n.meet((unsigned)((Mr + BM - 1) / BM), " + u + ", " + threads + ", 8);\n" +
-           column_totals("cs_done", u, threads, ind + "  ") + ind + "}\n";
-  }
-  // The totals of the column of tiles at `col` (its last tile arrived): its rows of the workspace
-  // added in order, stored, and its count zeroed for the next launch.
-  std::string column_totals(const std::string& col, const std::string& u, const std::string& threads, const std::string& ind) const {
-    std::string s = ind + "if (" + col + " >= 0) {\n" + ind + "  __threadfence();\n";
-    s += ind + "  for (int j = " + u + "; j < BN && " + col + " + j < N; j += " + threads + ") {\n";
-    s += ind + "    const int64_t col = " + col + " + j;\n" + ind + "    " +
-         sums_.store("col", "kiln_colsum_total(cs_part, col, N, (Mr + BM - 1) / BM)") + "\n" + ind + "  }\n";
-    return s + ind + "  if (" + u + " == 0) cs_count[" + col + " / BN] = 0;\n" + ind + "}\n";
+  // Once a tile's row of the workspace is written (`arrive`: the tile arrives on its column's
+  // count), or after the block's last tile: the answer for the tile that arrived before; if it
+  // was its column's last, that column's rows added in order, stored, and its count zeroed for
+  // the next launch.
+  std::string column_count(const std::string& u, const std::string& threads, const std::string& ind, bool arrive) const {
+    std::string s = ind + "{\n" + ind + "  const int64_t cs_done = cs_n.meet((unsigned)((Mr + BM - 1) / BM), " + u + ", " + threads + ", 8);\n";
+    if (arrive) s += ind + "  cs_n.arrive(cs_count, n0, BN, " + u + ");\n";
+    s += ind + "  if (cs_done >= 0) {\n" + ind + "    __threadfence();\n";
+    s += ind + "    for (int j = " + u + "; j < BN && cs_done + j < N; j += " + threads + ") {\n";
+    s += ind + "      const int64_t col = cs_done + j;\n" + ind + "      " +
+         sums_.store("col", "kiln_colsum_total(cs_part, col, N, (Mr + BM - 1) / BM)") + "\n" + ind + "    }\n";
+    return s + ind + "    if (" + u + " == 0) cs_count[cs_done / BN] = 0;\n" + ind + "  }\n" + ind + "}\n";
   }
 
   // An interior tile's stores, 32 columns at a time: each thread writes its fragments of
