@@ -27,8 +27,9 @@
 //                    call's kernels, not the plan. NOTE: off because on an H200 it made W4's
 //                    step 1.5-2% slower when every tile was read back (two kernels fewer, 0.1
 //                    ms, against a pause of every tile's storing threads: docs/benchmarks.md,
-//                    thirty-first session); since the fifty-eighth session the sums come from
-//                    the registers that store the tile (docs/kernels.md), not yet timed.
+//                    thirty-first session); from the registers that store the tile (fifty-
+//                    eighth session), 0.3% slower back to back on an H100 (fifty-ninth): the
+//                    rows kernels it saves run beside another GEMM on the second stream.
 //   gemm_operand_sums on a GPU, a sum over the rows of a matrix that a GEMM reads as its B
 //                    operand along K (a bias's gradient beside its weight's: dW = x.t() @ dy,
 //                    db = sum(dy, 0)) is computed by that GEMM from the B tiles already in its
