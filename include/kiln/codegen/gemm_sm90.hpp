@@ -107,6 +107,8 @@ struct GemmColumnSums {
   bool of_b = false;
   std::string values, row_stride;
   std::function<std::string(const std::string& col, const std::string& v)> store;
+  // Sums of the matrix the GEMM stores (not of B): a workspace row per tile and column counts.
+  bool of_stored() const { return format >= 0 && !of_b; }
 };
 
 // GpuVariant::total_kernel in a kernel's terms: the epilogue adds each element's term into the
@@ -171,7 +173,7 @@ class WgmmaWriter {
       s += "  constexpr int CL = " + S(cl) + ";\n  const int64_t kiln_tiles = ((Mr + BM * CL - 1) / (BM * CL)) * ((N + BN - 1) / BN);\n" +
            "  const uint32_t kiln_crank = kiln_cluster_rank();\n";
     if (sk) s += "  float* const sk_ws = (float*)args.ws[0];\n  unsigned* const sk_counts = (unsigned*)args.ws[1];\n";
-    if (sums_.format >= 0 && !b_sums) {
+    if (sums_.of_stored()) {
       if (sk) throw Error("kiln: internal error: column sums in a split-tail GEMM");
       s += "  float* const cs_part = (float*)args.ws[0];\n  unsigned* const cs_count = (unsigned*)args.ws[1];\n";
     }
@@ -252,7 +254,7 @@ class WgmmaWriter {
     s += std::string("  } else {\n") + (split ? "" : "    kiln_regs_inc<232>();\n");
     s += "    const int c = wg - 1, w = (threadIdx.x / 32) % 4;\n";
     if (total_.finish && !split) s += "    float kiln_total = 0.f;\n";
-    if (sums_.format >= 0 && !b_sums && !split) s += "    KilnColsumCount cs_n;\n";
+    if (sums_.of_stored() && !split) s += "    KilnColsumCount cs_n;\n";
     // The shared-memory descriptors of stage 0, built once: a stage's and a K16 step's are these
     // plus their byte offset / 16 (the start address field, bits 0-13, never carries: shared
     // memory ends below 256 KB). NOTE: built from the address at every K16 step they made the
@@ -320,7 +322,7 @@ class WgmmaWriter {
         u += "    const bool interior = m0 + BM <= Mr && n0 + BN <= N;\n";
         u += "    if (interior) {\n" + staged_stores(done) + "    } else {\n      " + done + stores(true) + "    }\n";
       }
-      if (!split && !b_sums) u += column_sums(group_ ? "interior" : "", "(int)threadIdx.x - 128", "CONSUMERS * 128", "    ");
+      if (!split && sums_.of_stored()) u += column_sums(group_ ? "interior" : "", "(int)threadIdx.x - 128", "CONSUMERS * 128", "    ");
       return u;
     };
     // A split tail: the whole tiles in a loop of their own, as without one, then the pieces,
@@ -342,7 +344,7 @@ class WgmmaWriter {
       s += tiles_open("    ") + unit_body(false);
     }
     s += tiles_close("    ");
-    if (!split && !b_sums && sums_.format >= 0) s += column_count("(int)threadIdx.x - 128", "CONSUMERS * 128", "    ", false);
+    if (!split && sums_.of_stored()) s += column_count("(int)threadIdx.x - 128", "CONSUMERS * 128", "    ", false);
     if (total_.finish && !split)
       s += total_.finish("(threadIdx.x - 128) / 32", "CONSUMERS * 4", "    ");
     s += "  }\n";
@@ -401,7 +403,7 @@ class WgmmaWriter {
              " + 4); " + un + "(q" + j + ".w, " + f + " + 6);\n";
     };
     const std::string wait = "kiln_mbar_wait(stg_full, tiles_done & 1);\n";
-    const bool sums = sums_.format >= 0 && !sums_.of_b;  // (gemm_sums_b: never with a split epilogue)
+    const bool sums = sums_.of_stored();  // (gemm_sums_b: never with a split epilogue)
     std::string s = "    const int t = threadIdx.x - (128 - EPI);\n";
     if (total_.finish) s += "    float kiln_total = 0.f;\n";
     if (sums) s += "    KilnColsumCount cs_n;\n";
@@ -483,7 +485,6 @@ class WgmmaWriter {
   // arrives on its column's count, and the column whose last tile arrived before is added up. A
   // clustered block whose tile lies past M stored nothing and sums nothing.
   std::string column_sums(const std::string& interior, const std::string& u, const std::string& threads, const std::string& ind) const {
-    if (sums_.format < 0) return "";
     const std::string read = "kiln_colsum_read<" + std::to_string(sums_.format) + ", BM, BN>(" + sums_.values + ", " + sums_.row_stride +
                              ", m0, n0, Mr, N, cs_part, " + u + ", " + threads + ", 8);\n";
     std::string s = ind + "if (m0 < Mr) {\n";
@@ -517,7 +518,7 @@ class WgmmaWriter {
     auto S = [](int v) { return std::to_string(v); };
     const int chunks = c_.bn / kWgmmaStageCols, groups = 64 * kWgmmaStageCols / (128 * kGemmGroupWidth);
     const std::string P = S(kWgmmaStagePitch);
-    const bool sums = sums_.format >= 0 && !sums_.of_b;
+    const bool sums = sums_.of_stored();
     std::vector<MatmulEpilogue::Group> g;
     for (int ch = 0; ch < chunks; ++ch)
       for (int q = 0; q < groups; ++q)
