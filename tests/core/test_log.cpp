@@ -42,12 +42,24 @@ TEST_CASE("counters snapshot and reset") {
   s.memory_hits += 3;
   s.disk_hits += 4;
   s.kernels_launched += 5;
+  s.kernels_filling += 6;
   kiln::Counters c = kiln::counters();
   CHECK(c.compiles == 2);
   CHECK(c.memory_hits == 3);
   CHECK(c.disk_hits == 4);
   CHECK(c.kernels_launched == 5);
+  CHECK(c.kernels_filling == 6);
+
+  // Every row of the table reads its own atomic into its own field: distinct values in, the
+  // same values out. A row that shared an atomic or a field with another would read the other's
+  // value; with counters.hpp's static_asserts on the sizes, the table covers every counter once.
+  uint64_t v = 100;
+  for (const auto& f : kiln::detail::kCounterFields) (s.*f.tally).store(v++);
+  c = kiln::counters();
+  v = 100;
+  for (const auto& f : kiln::detail::kCounterFields) CHECK(c.*f.value == v++);
+
   kiln::reset_counters();
   c = kiln::counters();
-  CHECK(c.compiles + c.memory_hits + c.disk_hits + c.kernels_launched == 0);
+  for (const auto& f : kiln::detail::kCounterFields) CHECK(c.*f.value == 0);
 }

@@ -20,6 +20,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <iterator>
 
 namespace kiln {
 
@@ -44,35 +45,42 @@ inline AtomicCounters& counters_state() {
   return state;
 }
 
+// Each counter once: its field in the snapshot and the atomic behind it. counters() and
+// reset_counters() walk this table, so a new counter is a field in both structs and a row here.
+struct CounterField {
+  uint64_t Counters::*value;
+  std::atomic<uint64_t> AtomicCounters::*tally;
+};
+inline constexpr CounterField kCounterFields[] = {
+    {&Counters::compiles, &AtomicCounters::compiles},
+    {&Counters::memory_hits, &AtomicCounters::memory_hits},
+    {&Counters::disk_hits, &AtomicCounters::disk_hits},
+    {&Counters::kernels_launched, &AtomicCounters::kernels_launched},
+    {&Counters::tunings, &AtomicCounters::tunings},
+    {&Counters::tune_db_hits, &AtomicCounters::tune_db_hits},
+    {&Counters::plans_built, &AtomicCounters::plans_built},
+    {&Counters::graphs_built, &AtomicCounters::graphs_built},
+    {&Counters::graph_updates, &AtomicCounters::graph_updates},
+    {&Counters::graph_replays, &AtomicCounters::graph_replays},
+    {&Counters::kernels_overlapped, &AtomicCounters::kernels_overlapped},
+    {&Counters::kernels_programmatic, &AtomicCounters::kernels_programmatic},
+    {&Counters::kernels_filling, &AtomicCounters::kernels_filling},
+};
+static_assert(sizeof(Counters) == std::size(kCounterFields) * sizeof(uint64_t), "a field of Counters has no row in kCounterFields");
+static_assert(sizeof(AtomicCounters) == std::size(kCounterFields) * sizeof(std::atomic<uint64_t>),
+              "an atomic of AtomicCounters has no row in kCounterFields");
+
 }  // namespace detail
 
 // Relaxed loads: the fields are independent tallies, not a consistent cut.
 inline Counters counters() {
-  auto& s = detail::counters_state();
-  return Counters{s.compiles.load(std::memory_order_relaxed), s.memory_hits.load(std::memory_order_relaxed),
-                  s.disk_hits.load(std::memory_order_relaxed), s.kernels_launched.load(std::memory_order_relaxed),
-                  s.tunings.load(std::memory_order_relaxed), s.tune_db_hits.load(std::memory_order_relaxed),
-                  s.plans_built.load(std::memory_order_relaxed), s.graphs_built.load(std::memory_order_relaxed),
-                  s.graph_updates.load(std::memory_order_relaxed), s.graph_replays.load(std::memory_order_relaxed),
-                  s.kernels_overlapped.load(std::memory_order_relaxed), s.kernels_programmatic.load(std::memory_order_relaxed),
-                  s.kernels_filling.load(std::memory_order_relaxed)};
+  Counters c;
+  for (const auto& f : detail::kCounterFields) c.*f.value = (detail::counters_state().*f.tally).load(std::memory_order_relaxed);
+  return c;
 }
 
 inline void reset_counters() {
-  auto& s = detail::counters_state();
-  s.compiles.store(0, std::memory_order_relaxed);
-  s.memory_hits.store(0, std::memory_order_relaxed);
-  s.disk_hits.store(0, std::memory_order_relaxed);
-  s.kernels_launched.store(0, std::memory_order_relaxed);
-  s.tunings.store(0, std::memory_order_relaxed);
-  s.tune_db_hits.store(0, std::memory_order_relaxed);
-  s.plans_built.store(0, std::memory_order_relaxed);
-  s.graphs_built.store(0, std::memory_order_relaxed);
-  s.graph_updates.store(0, std::memory_order_relaxed);
-  s.graph_replays.store(0, std::memory_order_relaxed);
-  s.kernels_overlapped.store(0, std::memory_order_relaxed);
-  s.kernels_programmatic.store(0, std::memory_order_relaxed);
-  s.kernels_filling.store(0, std::memory_order_relaxed);
+  for (const auto& f : detail::kCounterFields) (detail::counters_state().*f.tally).store(0, std::memory_order_relaxed);
 }
 
 }  // namespace kiln
