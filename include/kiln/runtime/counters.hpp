@@ -45,7 +45,7 @@ inline AtomicCounters& counters_state() {
   return state;
 }
 
-// Each counter once: its field in the snapshot and the atomic behind it. counters() and
+// A row a counter: its field in the snapshot and the atomic behind it. counters() and
 // reset_counters() walk this table, so a new counter is a field in both structs and a row here.
 struct CounterField {
   uint64_t Counters::*value;
@@ -74,13 +74,15 @@ static_assert(sizeof(AtomicCounters) == std::size(kCounterFields) * sizeof(std::
 
 // Relaxed loads: the fields are independent tallies, not a consistent cut.
 inline Counters counters() {
+  auto& s = detail::counters_state();
   Counters c;
-  for (const auto& f : detail::kCounterFields) c.*f.value = (detail::counters_state().*f.tally).load(std::memory_order_relaxed);
+  for (const auto& f : detail::kCounterFields) c.*f.value = (s.*f.tally).load(std::memory_order_relaxed);
   return c;
 }
 
 inline void reset_counters() {
-  for (const auto& f : detail::kCounterFields) (detail::counters_state().*f.tally).store(0, std::memory_order_relaxed);
+  auto& s = detail::counters_state();
+  for (const auto& f : detail::kCounterFields) (s.*f.tally).store(0, std::memory_order_relaxed);
 }
 
 }  // namespace kiln
