@@ -240,7 +240,7 @@ class CppKernelWriter {
           s += "    const " + t + " r" + sid + " = n" + sid + " ? (" + t + ")NAN : a" + sid + ";\n";
         else
           s += "    const " + t + " r" + sid + " = a" + sid + ";\n";
-        ve.bind(id, "r" + std::to_string(id));
+        ve.bind(id, std::string("r").append(std::to_string(id)));  // NOTE: not "r" + ..., GCC 12's false -Wrestrict (PR 105329)
       }
     }
     bool any_full = false;
@@ -336,7 +336,7 @@ inline std::string cpp_source(const ir::Graph& g, const sched::Plan& plan, const
       src += detail::read_device_file("cpu_gemm.hpp");
       break;
     }
-  for (size_t k = 0; k < plan.kernels.size(); ++k) src += "\n" + CppKernelWriter(g, plan.kernels[k], int(k), strides[k]).write();
+  for (size_t k = 0; k < plan.kernels.size(); ++k) src.append("\n").append(CppKernelWriter(g, plan.kernels[k], int(k), strides[k]).write());
   return src;
 }
 

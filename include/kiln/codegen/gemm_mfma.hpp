@@ -87,9 +87,9 @@ class MfmaWriter {
     };
     // A prologue operand's chunk: f of each source element in range, rounded to the operand's bits.
     auto computed = [&](const Operand& o) {
-      const int operand = o.x == "a" ? 0 : 1;
+      const int side = o.x == "a" ? 0 : 1;
       const std::string bits = d_ == DType::bf16 ? "kiln_f32_to_bf16" : "kiln_f32_to_f16";
-      return "#pragma unroll\n        for (int j = 0; j < 8; ++j) v[j] = j < n" + o.x + "[i] ? (short)" + bits + "(" + pro.function[operand] +
+      return "#pragma unroll\n        for (int j = 0; j < 8; ++j) v[j] = j < n" + o.x + "[i] ? (short)" + bits + "(" + pro.function[side] +
              "((uint16_t)v[j], A)) : (short)0;\n";
     };
     // Registers -> LDS buffer `buf`, K-contiguous rows of LD: two 8-byte stores, or eight 2-byte ones (transposing).

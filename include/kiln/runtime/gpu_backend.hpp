@@ -1455,7 +1455,7 @@ class GpuBackend final : public Backend {
       p.heavy_epilogue = cp.layouts[k].epilogue_heavy;
       bool library = Api::library_gemm_applies(g, kernels[k], cp.layouts[k], call.args[k]);
       tuned.push_back({k, codegen::gemm_tuning_candidates(p), library, p,
-                       matmul_tune_key(g, kernels[k], cp.layouts[k], p, library ? Api::kLibraryGemm : "", Api::arch_name(dev))});
+                       matmul_tune_key(g, kernels[k], cp.layouts[k], p, library ? Api::kLibraryGemm : "", Api::arch_name(dev)), {}, {}});
     }
     // NOTE: compiling the candidates is most of a tuning's time: every program of every
     // key the database lacks is compiled first, side by side (Api::compile_ahead).

@@ -54,7 +54,7 @@ inline TimelineState& timeline_state() {
   static TimelineState s{[] {
     const char* v = std::getenv("KILN_TIMELINE");  // on from the start where set and not "0"
     return v != nullptr && *v != '\0' && std::string(v) != "0";
-  }()};
+  }(), {}, {}};
   return s;
 }
 

@@ -197,7 +197,7 @@ struct MemoryReport {
       std::string s;
       for (const Value& v : vs) {
         s += " %" + std::to_string(v.node) + ":" + v.op + "[";
-        for (size_t i = 0; i < v.shape.size(); ++i) s += (i ? "," : "") + std::to_string(v.shape[i]);
+        for (size_t i = 0; i < v.shape.size(); ++i) s.append(i ? "," : "").append(std::to_string(v.shape[i]));
         s += "]";
         if (bytes) s += " " + std::to_string(v.bytes) + " B";
       }
