@@ -4,7 +4,8 @@
 // The reduction rows of the primitive table (sum, amax, amin) against the float64
 // reference: every axis set of a rank-3 operand, keepdim and not, each numeric dtype,
 // contiguous and transposed operands, rows longer than one chunk, empty axes, size-1
-// dims, reductions of fused pointwise producers, NaN propagation, and the API's forms.
+// dims, reductions of fused pointwise producers, NaN propagation, and the API's forms;
+// rows about the CPU kernels' partial sums, and which passes keep them.
 #include "../support/reference.hpp"
 #include "../support/rows.hpp"
 
@@ -47,6 +48,22 @@ void add_axes(Batch& b, Rng& rng, const std::array<int, N>& axes, Shape<3> s) {
 }
 
 #define KILN_TEST_NUMERIC_DTYPES f32, f64, f16, bf16, i32, i64
+
+// The CPU source of an expression's fused plan, every slot's stride unknown.
+std::string cpu_source(const ir::Graph& g) {
+  auto cp = runtime::plan_for(g, Mode::fused);
+  std::vector<std::vector<codegen::Stride>> strides;
+  for (const sched::Kernel& k : cp->plan.kernels) strides.emplace_back(codegen::layout(g, k).slots.size(), codegen::Stride::any);
+  return codegen::cpp_source(g, cp->plan, strides);
+}
+// The bodies of the loops over a pass's partial sums (codegen/cpp.hpp, CppKernelWriter::rows).
+std::vector<std::string> partial_loops(const std::string& src) {
+  std::vector<std::string> out;
+  const std::string open = "const int64_t j = jb + l;\n", close = "        }\n";
+  for (size_t at = src.find(open); at != std::string::npos; at = src.find(open, at + 1))
+    out.push_back(src.substr(at + open.size(), src.find(close, at) - at - open.size()));
+  return out;
+}
 
 }  // namespace
 
@@ -142,4 +159,39 @@ TEST_CASE_TEMPLATE("reduce rows: of fused pointwise producers, with broadcasting
   }());
   b.check(kiln::amax(kiln::exp(x.t), 0, keepdim), ref::amax(ex, {0}, true), t, "amax(exp(x), 0, keepdim)");
   b.run();
+}
+
+TEST_CASE_TEMPLATE("reduce rows: lengths about the CPU kernels' partial sums, with NaN and infinities", DT, f32, f64, bf16) {
+  KILN_TEST_RNG(rng);
+  // Partials of 32 floats or 16 doubles, then a tail; 8225 = a chunk (8192) + 33.
+  for (int64_t n : {1, 15, 16, 17, 31, 32, 33, 65, 8225}) {
+    auto x = input<DT, 2>(rng, {4, n});
+    Array a = x.a;
+    a.at({1, n / 2}) = INFINITY;
+    a.at({2, n - 1}) = -INFINITY;
+    a.at({3, n > 40 ? 40 : 0}) = NAN;
+    auto t = make_tensor<DT, 2>(a);
+    Batch b;
+    add_reduce_rows<DT, 2>(b, t, a, std::array{1}, "[4, " + std::to_string(n) + "] with NaN and infinities");
+    add_reduce_rows<DT, 2>(b, x.t, x.a, std::array{1}, "[4, " + std::to_string(n) + "]");
+    b.run();
+  }
+}
+
+TEST_CASE("reduce rows: a CPU pass of cheap float elements keeps partial sums; one of exponentials does not") {
+  KILN_TEST_RNG(rng);
+  auto x = input<f32, 2>(rng, {3, 100});
+  auto [v, m] = kiln::var_mean(x.t, 1);
+  // Two passes (the mean, the squared deviations), each in two forms (rows in parallel, or a
+  // row's chunks); the mean's partials add plain loads.
+  const std::vector<std::string> var_mean = partial_loops(cpu_source(ir::trace(v, m)));
+  REQUIRE(var_mean.size() == 4);
+  CHECK(var_mean[0].find(" += ") != std::string::npos);
+  // softmax: the max pass keeps partials, the sum of exponentials does not.
+  const std::vector<std::string> softmax = partial_loops(cpu_source(ir::trace(kiln::softmax(x.t, -1))));
+  CHECK(softmax.size() == 2);
+  for (const std::string& body : softmax) CHECK(body.find("kiln_exp") == std::string::npos);
+  // integers: one accumulator (an integer add waits one cycle)
+  auto i = input<i32, 2>(rng, {3, 100});
+  CHECK(partial_loops(cpu_source(ir::trace(kiln::sum(i.t, 1)))).empty());
 }

@@ -145,6 +145,23 @@ class CppKernelWriter {
     return out;
   }
 
+  // Whether computing `roots` at an element of a loop evaluates a transcendental (the loop's
+  // own work: not loads, earlier reductions nor loop invariants).
+  bool transcendental_in(const ValueEmitter& ve, std::vector<int> roots) const {
+    std::vector<uint8_t> seen(g_.nodes.size(), 0);
+    while (!roots.empty()) {
+      const int id = roots.back();
+      roots.pop_back();
+      if (seen[size_t(id)] || ve.slot_of(id, SlotRole::load) >= 0 || ve.row_level(id)) continue;
+      seen[size_t(id)] = 1;
+      if (std::find(k_.reduces.begin(), k_.reduces.end(), id) != k_.reduces.end()) continue;
+      const ir::Node& n = g_.nodes[size_t(id)];
+      if (is_transcendental(n.op)) return true;
+      for (int a = 0; a < n.nargs; ++a) roots.push_back(g_.arg(n, a));
+    }
+    return false;
+  }
+
   std::string pointwise() {
     ValueEmitter ve(g_, k_, l_);
     ve.find_row_values();
@@ -200,37 +217,72 @@ class CppKernelWriter {
       std::vector<size_t> mine;
       for (size_t i = 0; i < k_.reduces.size(); ++i)
         if (k_.reduce_level[i] == p) mine.push_back(i);
-      std::string clauses, body, upd;
-      for (size_t i : mine) {
-        int id = k_.reduces[i];
-        const ir::Node& n = g_.nodes[size_t(id)];
-        std::string acc = "a" + std::to_string(id);
-        s += "    " + compute_type(n.dtype) + " " + acc + " = " + reduce_identity(n.op, n.dtype) + ";\n";
-        clauses += std::string(" reduction(") + (n.op == Prim::sum ? "+" : n.op == Prim::amax ? "max" : "min") + ":" + acc + ")";
-        // NOTE: OpenMP's max/min combiners drop NaN; a float amax/amin counts NaNs apart and is NaN if any.
-        if (n.op != Prim::sum && info(n.dtype).is_float) {
-          s += "    int64_t n" + std::to_string(id) + " = 0;\n";
-          clauses += " reduction(+:n" + std::to_string(id) + ")";
-        }
-      }
       std::vector<int> args;
       for (size_t i : mine) args.push_back(g_.arg(g_.nodes[size_t(k_.reduces[i])], 0));
+      // A float pass of cheap elements keeps partials, p<id>[lanes] (128 bytes: two AVX-512
+      // registers): one accumulator waits out the add's latency at every vector (var_mean
+      // 1.15x slower; four registers were no faster, and spilled beside bf16 stores).
+      // NOTE: not where an element computes a transcendental: its constants and the unrolled
+      // body then spill (softmax's sum of exp 5-10% slower).
+      bool partials = !transcendental_in(ve, args), wide = false;
+      for (size_t i : mine) {
+        const DType d = g_.nodes[size_t(k_.reduces[i])].dtype;
+        partials &= info(d).is_float;
+        wide |= d == DType::f64;
+      }
+      const std::string lanes = wide ? "16" : "32";
+      // Per pass: the element's statements (body), its fold into the accumulators (upd) or
+      // into the partials (upd_p), the partials' start (init) and their fold into the
+      // accumulators (combine); OpenMP's clauses for the accumulators and the NaN counts.
+      std::string acc_clauses, nan_clauses, body, upd, upd_p, init, combine;
+      for (size_t i : mine) {
+        const ir::Node& n = g_.nodes[size_t(k_.reduces[i])];
+        const std::string sid = std::to_string(k_.reduces[i]), t = compute_type(n.dtype);
+        s += "    " + t + " a" + sid + " = " + reduce_identity(n.op, n.dtype) + ";\n";
+        acc_clauses += std::string(" reduction(") + (n.op == Prim::sum ? "+" : n.op == Prim::amax ? "max" : "min") + ":a" + sid + ")";
+        // NOTE: OpenMP's max/min combiners drop NaN; a float amax/amin counts NaNs apart and is NaN if any.
+        if (n.op != Prim::sum && info(n.dtype).is_float) {
+          s += "    int64_t n" + sid + " = 0;\n";
+          nan_clauses += " reduction(+:n" + sid + ")";
+        }
+        if (partials)
+          init += "      " + t + " p" + sid + "[" + lanes + "];\n      for (int l = 0; l < " + lanes + "; ++l) p" + sid + "[l] = " +
+                  reduce_identity(n.op, n.dtype) + ";\n";
+      }
       s += loop_invariants(ve, args, "    ");
       auto saved = ve.save();
       for (size_t i : mine) {
-        int id = k_.reduces[i];
-        const ir::Node& n = g_.nodes[size_t(id)];
-        std::string v = ve.value(g_.arg(n, 0), body, "          ", ld, ix), acc = "a" + std::to_string(id);
-        if (n.op == Prim::sum) upd += "          " + acc + " += " + v + ";\n";
-        else upd += "          " + acc + " = " + v + (n.op == Prim::amax ? " > " : " < ") + acc + " ? " + v + " : " + acc + ";\n";
-        if (n.op != Prim::sum && info(n.dtype).is_float) upd += "          n" + std::to_string(id) + " += " + v + " != " + v + ";\n";
+        const ir::Node& n = g_.nodes[size_t(k_.reduces[i])];
+        const std::string sid = std::to_string(k_.reduces[i]), part = "p" + sid + "[l]";
+        const std::string v = ve.value(g_.arg(n, 0), body, "          ", ld, ix);
+        auto fold = [&](const std::string& a, const std::string& x) {
+          if (n.op == Prim::sum) return a + " += " + x + ";\n";
+          return a + " = " + x + (n.op == Prim::amax ? " > " : " < ") + a + " ? " + x + " : " + a + ";\n";
+        };
+        upd += "          " + fold("a" + sid, v);
+        upd_p += "          " + fold(part, v);
+        combine += "        " + fold("a" + sid, part);
+        if (n.op != Prim::sum && info(n.dtype).is_float) {
+          const std::string count = "          n" + sid + " += " + v + " != " + v + ";\n";
+          upd += count, upd_p += count;
+        }
       }
+      const std::string clauses = acc_clauses + nan_clauses;
       ve.restore(saved);
       std::string loop = "    for (int64_t c = 0; c < nchunk; ++c) {\n";
       loop += "      const int64_t ir = c / cpr, j0 = (c % cpr) * KILN_CHUNK, j1 = j0 + KILN_CHUNK < inner ? j0 + KILN_CHUNK : inner;\n";
       loop += offsets("ir", "no", "nd - 1", "i", "      ");
       loop += bases("      ", true);
-      loop += "#pragma omp simd" + clauses + "\n      for (int64_t j = j0; j < j1; ++j) {\n" + body + upd + "      }\n    }\n";
+      std::string first = "j0";
+      if (partials) {
+        loop += init + "      int64_t jb = j0;\n      for (; jb + " + lanes + " <= j1; jb += " + lanes + ") {\n";
+        loop += "#pragma omp simd" + nan_clauses + "\n        for (int64_t l = 0; l < " + lanes + "; ++l) {\n          const int64_t j = jb + l;\n";
+        loop += body + upd_p + "        }\n      }\n";
+        // NOTE: `omp simd`: a plain loop would add the partials one by one, in sequence.
+        loop += "#pragma omp simd" + acc_clauses + "\n      for (int l = 0; l < " + lanes + "; ++l) {\n" + combine + "      }\n";
+        first = "jb";
+      }
+      loop += "#pragma omp simd" + clauses + "\n      for (int64_t j = " + first + "; j < j1; ++j) {\n" + body + upd + "      }\n    }\n";
       s += in_rows_or_parallel(loop, clauses);
       for (size_t i : mine) {
         int id = k_.reduces[i];
