@@ -127,7 +127,25 @@ class CppKernelWriter {
   // at `indent` before it, named in `ve` for the loop's body. NOTE: in a row's lambda GCC
   // did not hoist a scalar read through the captured A out of an `omp simd` reduction loop:
   // it gathered A[0] at every step (var_mean's second pass, 3x slower than Eigen per core).
-  std::string loop_invariants(ValueEmitter& ve, std::vector<int> roots, const std::string& indent) const {
+  std::string loop_invariants(ValueEmitter& ve, const std::vector<int>& roots, const std::string& indent) const {
+    const std::vector<uint8_t> needed = reached(ve, roots);
+    std::string out;
+    auto none = [](int) -> std::string { throw Error("kiln: internal error: a loop invariant reads an element"); };
+    for (size_t id = 0; id < g_.nodes.size(); ++id)  // post-order: arguments first
+      if (needed[id] && ve.row_level(int(id))) ve.value(int(id), out, indent, none, none);
+    return out;
+  }
+  // Whether computing `roots` at an element of a loop evaluates a transcendental (the loop's
+  // own work: not loads, earlier reductions nor loop invariants).
+  bool transcendental_in(const ValueEmitter& ve, const std::vector<int>& roots) const {
+    const std::vector<uint8_t> needed = reached(ve, roots);
+    for (size_t id = 0; id < g_.nodes.size(); ++id)
+      if (needed[id] && !ve.row_level(int(id)) && is_transcendental(g_.nodes[id].op)) return true;
+    return false;
+  }
+  // The nodes that computing `roots` at an element reads, down to its loads and the row's
+  // reductions (bound to r<id>), as a mask over the graph.
+  std::vector<uint8_t> reached(const ValueEmitter& ve, std::vector<int> roots) const {
     std::vector<uint8_t> needed(g_.nodes.size(), 0);
     while (!roots.empty()) {
       int id = roots.back();
@@ -138,28 +156,7 @@ class CppKernelWriter {
       const ir::Node& n = g_.nodes[size_t(id)];
       for (int a = 0; a < n.nargs; ++a) roots.push_back(g_.arg(n, a));
     }
-    std::string out;
-    auto none = [](int) -> std::string { throw Error("kiln: internal error: a loop invariant reads an element"); };
-    for (size_t id = 0; id < g_.nodes.size(); ++id)  // post-order: arguments first
-      if (needed[id] && ve.row_level(int(id))) ve.value(int(id), out, indent, none, none);
-    return out;
-  }
-
-  // Whether computing `roots` at an element of a loop evaluates a transcendental (the loop's
-  // own work: not loads, earlier reductions nor loop invariants).
-  bool transcendental_in(const ValueEmitter& ve, std::vector<int> roots) const {
-    std::vector<uint8_t> seen(g_.nodes.size(), 0);
-    while (!roots.empty()) {
-      const int id = roots.back();
-      roots.pop_back();
-      if (seen[size_t(id)] || ve.slot_of(id, SlotRole::load) >= 0 || ve.row_level(id)) continue;
-      seen[size_t(id)] = 1;
-      if (std::find(k_.reduces.begin(), k_.reduces.end(), id) != k_.reduces.end()) continue;
-      const ir::Node& n = g_.nodes[size_t(id)];
-      if (is_transcendental(n.op)) return true;
-      for (int a = 0; a < n.nargs; ++a) roots.push_back(g_.arg(n, a));
-    }
-    return false;
+    return needed;
   }
 
   std::string pointwise() {
